@@ -1,0 +1,46 @@
+# CPU kernels. On x86-64, csrc/cpu/kernels_impl.cpp is compiled once for AVX2
+# and once for AVX-512 and the library picks at run time (csrc/cpu/isa.cpp);
+# elsewhere it is compiled once for the baseline ISA ("generic").
+find_package(Torch REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+option(VLLM_CPU_DISABLE_AVX512 "leave the AVX-512 code path out" OFF)
+if(DEFINED ENV{VLLM_CPU_DISABLE_AVX512} AND "$ENV{VLLM_CPU_DISABLE_AVX512}" MATCHES "^(1|true|TRUE|True|yes|on|ON)$")
+  set(VLLM_CPU_DISABLE_AVX512 ON)
+endif()
+
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 12)
+  message(FATAL_ERROR "vllm-engine: CPU builds need GCC >= 12 (found ${CMAKE_CXX_COMPILER_VERSION})")
+endif()
+
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+  set(_isas avx2)
+  set(_flags_avx2 -mavx2 -mfma -mf16c)
+  if(NOT VLLM_CPU_DISABLE_AVX512)
+    list(APPEND _isas avx512)
+    set(_flags_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+                      -mprefer-vector-width=512)
+  endif()
+else()
+  set(_isas generic)
+  set(_flags_generic "")
+endif()
+
+foreach(_isa IN LISTS _isas)
+  # Kernels include no torch header: they must not share inline code with the
+  # baseline-compiled glue (see csrc/cpu/kernels.h).
+  add_library(_kernels_${_isa} OBJECT csrc/cpu/kernels_impl.cpp)
+  target_compile_definitions(_kernels_${_isa} PRIVATE ENGINE_ISA=${_isa})
+  target_compile_options(_kernels_${_isa} PRIVATE -O3 -fno-math-errno -fno-trapping-math
+                                                   ${_flags_${_isa}} ${OpenMP_CXX_FLAGS})
+  target_sources(_C PRIVATE $<TARGET_OBJECTS:_kernels_${_isa}>)
+  string(TOUPPER "${_isa}" _ISA)
+  target_compile_definitions(_C PRIVATE ENGINE_HAS_${_ISA})
+  list(APPEND VLLM_CODE_PATHS "cpu-${_isa}")
+endforeach()
+
+target_sources(_C PRIVATE csrc/cpu/cpu_ops.cpp csrc/cpu/isa.cpp)
+target_compile_definitions(_C PRIVATE ENGINE_WITH_CPU_KERNELS)
+# OpenMP::OpenMP_CXX links libgomp.so.1 by soname: at run time that is the
+# libgomp torch has already loaded, so there is one OpenMP thread pool.
+target_link_libraries(_C PRIVATE OpenMP::OpenMP_CXX)

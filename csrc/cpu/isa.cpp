@@ -1,0 +1,103 @@
+// Run-time choice of the kernel table. Compiled for the baseline ISA so that
+// it runs (and can refuse politely) on any x86-64 processor.
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <string>
+
+#include "../ops.h"
+#include "dispatch.h"
+#include "kernels.h"
+
+namespace engine {
+namespace cpu {
+namespace {
+
+#if defined(__x86_64__)
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+// __builtin_cpu_supports also checks that the OS saves the ZMM state.
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+#endif
+
+const engine_cpu::KernelTable* table_for(const std::string& name) {
+#ifdef ENGINE_HAS_AVX512
+  if (name == "avx512") {
+    TORCH_CHECK(cpu_has_avx512(),
+                "the avx512 kernels were requested but this processor does not "
+                "support AVX-512 (F/BW/VL/DQ); unset VLLM_CPU_ISA or set it to avx2");
+    return engine_cpu::kernels_avx512();
+  }
+#endif
+#ifdef ENGINE_HAS_AVX2
+  if (name == "avx2") {
+    TORCH_CHECK(cpu_has_avx2(),
+                "this processor lacks AVX2/FMA, which the x86 build of vllm-engine needs "
+                "at least; use a machine with AVX2 or VLLM_TARGET_DEVICE=empty");
+    return engine_cpu::kernels_avx2();
+  }
+#endif
+#ifdef ENGINE_HAS_GENERIC
+  if (name == "generic") return engine_cpu::kernels_generic();
+#endif
+  TORCH_CHECK(false, "CPU ISA '", name, "' is not compiled into this build of vllm-engine; "
+              "valid values: auto, ", compiled_isas());
+}
+
+const engine_cpu::KernelTable* auto_table() {
+#ifdef ENGINE_HAS_AVX512
+  if (cpu_has_avx512()) return engine_cpu::kernels_avx512();
+#endif
+#ifdef ENGINE_HAS_AVX2
+  return table_for("avx2");
+#elif defined(ENGINE_HAS_GENERIC)
+  return engine_cpu::kernels_generic();
+#else
+  TORCH_CHECK(false, "no CPU kernels usable on this processor were compiled in");
+#endif
+}
+
+std::atomic<const engine_cpu::KernelTable*> current{nullptr};
+
+}  // namespace
+
+const engine_cpu::KernelTable& kernels() {
+  const engine_cpu::KernelTable* t = current.load(std::memory_order_acquire);
+  if (t == nullptr) {
+    t = auto_table();
+    current.store(t, std::memory_order_release);
+  }
+  return *t;
+}
+
+std::string isa() { return kernels().isa; }
+
+std::string select_isa(const std::string& name) {
+  const engine_cpu::KernelTable* t = name == "auto" ? auto_table() : table_for(name);
+  current.store(t, std::memory_order_release);
+  return t->isa;
+}
+
+std::string compiled_isas() {
+  std::string out;
+  auto add = [&out](const char* s) { out += out.empty() ? s : std::string(",") + s; };
+#ifdef ENGINE_HAS_AVX512
+  add("avx512");
+#endif
+#ifdef ENGINE_HAS_AVX2
+  add("avx2");
+#endif
+#ifdef ENGINE_HAS_GENERIC
+  add("generic");
+#endif
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace engine

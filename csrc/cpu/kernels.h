@@ -1,0 +1,72 @@
+// The boundary between the torch-facing glue (compiled for the baseline ISA)
+// and the kernels (compiled once per ISA: avx2, avx512, or generic).
+//
+// Deliberately torch-free and STL-free: a kernel translation unit compiled
+// with -mavx512f must not instantiate any inline function with external
+// linkage (std::vector, c10 helpers, ...). The linker keeps one copy of such
+// a function for the whole library, and if it kept the AVX-512 copy the
+// baseline code would execute AVX-512 instructions on an AVX2-only CPU.
+#pragma once
+
+#include <stdint.h>
+
+namespace engine_cpu {
+
+enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
+
+// Every pointer is to the first element; strides are in elements.
+struct KernelTable {
+  const char* isa;
+
+  // out[r, :] = in[r, :] / rms(in[r, :]) * w
+  void (*rms_norm)(DType dt, void* out, const void* in, const void* weight,
+                   int64_t rows, int64_t hidden, int64_t in_stride,
+                   int64_t out_stride, float eps);
+
+  // res[r, :] += in[r, :]; in[r, :] = res[r, :] / rms(res[r, :]) * w
+  void (*fused_add_rms_norm)(DType dt, void* in, void* res, const void* weight,
+                             int64_t rows, int64_t hidden, int64_t in_stride,
+                             int64_t res_stride, float eps);
+
+  // out[r, i] = silu(in[r, i]) * in[r, d + i]
+  void (*silu_and_mul)(DType dt, void* out, const void* in, int64_t rows,
+                       int64_t d, int64_t in_stride, int64_t out_stride);
+
+  // In place on x[t, h, :rot_dim] for every token t and head h.
+  // cache[p, :rot_dim/2] holds cos, cache[p, rot_dim/2:] holds sin.
+  void (*rotary_embedding)(DType dt, const int64_t* positions, void* x,
+                           const void* cache, int64_t tokens, int64_t heads,
+                           int64_t token_stride, int64_t head_stride,
+                           int64_t rot_dim, int64_t cache_stride, bool neox);
+
+  // cache layout: [num_blocks, kv_heads, block_size, head_size]
+  // src layout:   [tokens, kv_heads, head_size] with the given strides.
+  // slot < 0 means "padding token, do not store".
+  void (*reshape_and_cache)(int64_t elem_size, const void* key,
+                            const void* value, void* key_cache,
+                            void* value_cache, const int64_t* slots,
+                            int64_t tokens, int64_t kv_heads,
+                            int64_t head_size, int64_t block_size,
+                            int64_t key_token_stride, int64_t key_head_stride,
+                            int64_t value_token_stride,
+                            int64_t value_head_stride);
+
+  // Decode attention, one query token per sequence.
+  // query/out: [seqs, heads, head_size] contiguous.
+  // block_tables: [seqs, max_blocks] int32, seq_lens: [seqs] int32; both
+  // already validated by the caller against the cache size.
+  void (*paged_attention)(DType dt, void* out, const void* query,
+                          const void* key_cache, const void* value_cache,
+                          const int32_t* block_tables, const int32_t* seq_lens,
+                          int64_t seqs, int64_t heads, int64_t kv_heads,
+                          int64_t head_size, int64_t block_size,
+                          int64_t max_blocks, float scale);
+};
+
+// Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is
+// decided by CMake (ENGINE_HAS_AVX2 / ENGINE_HAS_AVX512 / ENGINE_HAS_GENERIC).
+const KernelTable* kernels_avx2();
+const KernelTable* kernels_avx512();
+const KernelTable* kernels_generic();
+
+}  // namespace engine_cpu

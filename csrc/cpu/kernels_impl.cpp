@@ -1,0 +1,390 @@
+// CPU kernels, written once and compiled once per instruction set.
+//
+// CMake compiles this file with ENGINE_ISA set to avx2, avx512 or generic and
+// the matching -m flags; the compiler vectorizes the `omp simd` loops for that
+// ISA. Everything except the exported table getter has internal linkage (see
+// kernels.h for why), and only C headers are included.
+#include "kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#ifndef ENGINE_ISA
+#error "ENGINE_ISA must be defined (avx2, avx512 or generic)"
+#endif
+
+#define ENGINE_CAT2(a, b) a##b
+#define ENGINE_CAT(a, b) ENGINE_CAT2(a, b)
+#define ENGINE_STR2(a) #a
+#define ENGINE_STR(a) ENGINE_STR2(a)
+
+namespace engine_cpu {
+namespace {
+
+// ---- element conversion ---------------------------------------------------
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  return __builtin_bit_cast(float, u);
+}
+
+// Round to nearest even, NaN kept quiet: the same rule as c10::BFloat16.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u = __builtin_bit_cast(uint32_t, f);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (f != f) ? static_cast<uint16_t>(0x7fc0) : static_cast<uint16_t>(rounded);
+}
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  static inline float load(float x) { return x; }
+  static inline float store(float x) { return x; }
+};
+template <>
+struct Elem<uint16_t> {
+  static inline float load(uint16_t x) { return bf16_to_float(x); }
+  static inline uint16_t store(float x) { return float_to_bf16(x); }
+};
+
+// ---- math -----------------------------------------------------------------
+
+// exp(x) for float, branch-free so that it vectorizes (libm's expf would pull
+// in libmvec, a dependency torch does not provide). Cephes' expf polynomial,
+// relative error about 1e-7 over the clamped range.
+inline float fast_exp(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: rounds to an integer
+  float kn = x * 1.44269504088896341f + shifter;
+  int32_t n = static_cast<int32_t>(__builtin_bit_cast(uint32_t, kn) -
+                                   __builtin_bit_cast(uint32_t, shifter));
+  float k = kn - shifter;
+  float r = x - k * 0.693359375f;
+  r = r + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  uint32_t scale_bits = static_cast<uint32_t>(n + 127) << 23;
+  return y * __builtin_bit_cast(float, scale_bits);
+}
+
+inline bool worth_threads(int64_t elements) { return elements >= 16384; }
+
+// ---- rms_norm / fused_add_rms_norm -----------------------------------------
+
+template <typename T>
+void rms_norm_t(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
+                int64_t in_stride, int64_t out_stride, float eps) {
+#pragma omp parallel for schedule(static) if (worth_threads(rows * hidden))
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* x = in + r * in_stride;
+    T* y = out + r * out_stride;
+    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < hidden; ++i) {
+      float v = Elem<T>::load(x[i]);
+      acc += v * v;
+    }
+    const float inv = 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < hidden; ++i) {
+      y[i] = Elem<T>::store(Elem<T>::load(x[i]) * inv * Elem<T>::load(w[i]));
+    }
+  }
+}
+
+template <typename T>
+void fused_add_rms_norm_t(T* in, T* res, const T* w, int64_t rows,
+                          int64_t hidden, int64_t in_stride, int64_t res_stride,
+                          float eps) {
+#pragma omp parallel for schedule(static) if (worth_threads(rows * hidden))
+  for (int64_t r = 0; r < rows; ++r) {
+    T* x = in + r * in_stride;
+    T* z = res + r * res_stride;
+    float acc = 0.f;
+    // The residual is stored in T and the norm is taken of what was stored,
+    // so that the next layer sees exactly the residual we normalized.
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < hidden; ++i) {
+      T s = Elem<T>::store(Elem<T>::load(x[i]) + Elem<T>::load(z[i]));
+      z[i] = s;
+      float v = Elem<T>::load(s);
+      acc += v * v;
+    }
+    const float inv = 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < hidden; ++i) {
+      x[i] = Elem<T>::store(Elem<T>::load(z[i]) * inv * Elem<T>::load(w[i]));
+    }
+  }
+}
+
+// ---- silu_and_mul -----------------------------------------------------------
+
+template <typename T>
+void silu_and_mul_t(T* out, const T* in, int64_t rows, int64_t d,
+                    int64_t in_stride, int64_t out_stride) {
+#pragma omp parallel for schedule(static) if (worth_threads(rows * d))
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* a = in + r * in_stride;
+    const T* b = a + d;
+    T* y = out + r * out_stride;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) {
+      float x = Elem<T>::load(a[i]);
+      float silu = x / (1.0f + fast_exp(-x));
+      y[i] = Elem<T>::store(silu * Elem<T>::load(b[i]));
+    }
+  }
+}
+
+// ---- rotary_embedding -------------------------------------------------------
+
+template <typename T>
+void rotary_t(const int64_t* positions, T* x, const T* cache, int64_t tokens,
+              int64_t heads, int64_t token_stride, int64_t head_stride,
+              int64_t rot_dim, int64_t cache_stride, bool neox) {
+  const int64_t half = rot_dim / 2;
+#pragma omp parallel for schedule(static) if (worth_threads(tokens * heads * rot_dim))
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* cos_p = cache + positions[t] * cache_stride;
+    const T* sin_p = cos_p + half;
+    for (int64_t h = 0; h < heads; ++h) {
+      T* v = x + t * token_stride + h * head_stride;
+      if (neox) {
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          float c = Elem<T>::load(cos_p[i]);
+          float s = Elem<T>::load(sin_p[i]);
+          float x1 = Elem<T>::load(v[i]);
+          float x2 = Elem<T>::load(v[i + half]);
+          v[i] = Elem<T>::store(x1 * c - x2 * s);
+          v[i + half] = Elem<T>::store(x2 * c + x1 * s);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          float c = Elem<T>::load(cos_p[i]);
+          float s = Elem<T>::load(sin_p[i]);
+          float x1 = Elem<T>::load(v[2 * i]);
+          float x2 = Elem<T>::load(v[2 * i + 1]);
+          v[2 * i] = Elem<T>::store(x1 * c - x2 * s);
+          v[2 * i + 1] = Elem<T>::store(x2 * c + x1 * s);
+        }
+      }
+    }
+  }
+}
+
+// ---- reshape_and_cache ------------------------------------------------------
+
+template <typename U>  // U: an unsigned integer of the element's size
+void reshape_and_cache_t(const U* key, const U* value, U* key_cache,
+                         U* value_cache, const int64_t* slots, int64_t tokens,
+                         int64_t kv_heads, int64_t head_size,
+                         int64_t block_size, int64_t kts, int64_t khs,
+                         int64_t vts, int64_t vhs) {
+#pragma omp parallel for schedule(static) if (worth_threads(tokens * kv_heads * head_size))
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t block = slot / block_size;
+    const int64_t offset = slot % block_size;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t dst = ((block * kv_heads + h) * block_size + offset) * head_size;
+      const U* ks = key + t * kts + h * khs;
+      const U* vs = value + t * vts + h * vhs;
+#pragma omp simd
+      for (int64_t i = 0; i < head_size; ++i) {
+        key_cache[dst + i] = ks[i];
+        value_cache[dst + i] = vs[i];
+      }
+    }
+  }
+}
+
+// ---- paged_attention --------------------------------------------------------
+
+// Work item: one (sequence, kv head) pair, covering the `group` query heads
+// that share that kv head, so each key/value row is read once per group.
+template <typename T>
+void paged_attention_t(T* out, const T* query, const T* key_cache,
+                       const T* value_cache, const int32_t* block_tables,
+                       const int32_t* seq_lens, int64_t seqs, int64_t heads,
+                       int64_t kv_heads, int64_t head_size, int64_t block_size,
+                       int64_t max_blocks, float scale) {
+  const int64_t group = heads / kv_heads;
+  const int64_t items = seqs * kv_heads;
+  const int64_t head_stride = block_size * head_size;  // within a block
+  const int64_t block_stride = kv_heads * head_stride;
+
+#pragma omp parallel
+  {
+    // Per-thread scratch, sized for the longest sequence of the batch.
+    int64_t max_len = 0;
+    for (int64_t s = 0; s < seqs; ++s)
+      max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+    float* logits = static_cast<float*>(malloc(sizeof(float) * (group * (max_len > 0 ? max_len : 1))));
+    float* q = static_cast<float*>(malloc(sizeof(float) * group * head_size));
+    float* acc = static_cast<float*>(malloc(sizeof(float) * group * head_size));
+    float* row = static_cast<float*>(malloc(sizeof(float) * head_size));
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t s = item / kv_heads;
+      const int64_t kh = item % kv_heads;
+      const int64_t len = seq_lens[s];
+      const int32_t* table = block_tables + s * max_blocks;
+      T* out_s = out + (s * heads + kh * group) * head_size;
+      if (len <= 0) {
+        for (int64_t i = 0; i < group * head_size; ++i) out_s[i] = Elem<T>::store(0.f);
+        continue;
+      }
+      const T* q_s = query + (s * heads + kh * group) * head_size;
+      for (int64_t i = 0; i < group * head_size; ++i) q[i] = Elem<T>::load(q_s[i]) * scale;
+
+      // logits[g, t] = q_g . k_t
+      for (int64_t t = 0; t < len; ++t) {
+        const T* k = key_cache + table[t / block_size] * block_stride +
+                     kh * head_stride + (t % block_size) * head_size;
+#pragma omp simd
+        for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(k[i]);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = q + g * head_size;
+          float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t i = 0; i < head_size; ++i) dot += qg[i] * row[i];
+          logits[g * len + t] = dot;
+        }
+      }
+
+      // softmax over t, per query head
+      for (int64_t g = 0; g < group; ++g) {
+        float* lg = logits + g * len;
+        float mx = lg[0];
+#pragma omp simd reduction(max : mx)
+        for (int64_t t = 0; t < len; ++t) mx = lg[t] > mx ? lg[t] : mx;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+          float e = fast_exp(lg[t] - mx);
+          lg[t] = e;
+          sum += e;
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t t = 0; t < len; ++t) lg[t] *= inv;
+      }
+
+      // acc[g] = sum_t p[g, t] * v_t
+      for (int64_t i = 0; i < group * head_size; ++i) acc[i] = 0.f;
+      for (int64_t t = 0; t < len; ++t) {
+        const T* v = value_cache + table[t / block_size] * block_stride +
+                     kh * head_stride + (t % block_size) * head_size;
+#pragma omp simd
+        for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(v[i]);
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = logits[g * len + t];
+          float* ag = acc + g * head_size;
+#pragma omp simd
+          for (int64_t i = 0; i < head_size; ++i) ag[i] += p * row[i];
+        }
+      }
+      for (int64_t i = 0; i < group * head_size; ++i) out_s[i] = Elem<T>::store(acc[i]);
+    }
+    free(logits);
+    free(q);
+    free(acc);
+    free(row);
+  }
+}
+
+// ---- type dispatch (the table's entry points) -------------------------------
+
+void rms_norm(DType dt, void* out, const void* in, const void* w, int64_t rows,
+              int64_t hidden, int64_t is, int64_t os, float eps) {
+  if (dt == DType::kFloat32)
+    rms_norm_t(static_cast<float*>(out), static_cast<const float*>(in),
+               static_cast<const float*>(w), rows, hidden, is, os, eps);
+  else
+    rms_norm_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in),
+               static_cast<const uint16_t*>(w), rows, hidden, is, os, eps);
+}
+
+void fused_add_rms_norm(DType dt, void* in, void* res, const void* w,
+                        int64_t rows, int64_t hidden, int64_t is, int64_t rs,
+                        float eps) {
+  if (dt == DType::kFloat32)
+    fused_add_rms_norm_t(static_cast<float*>(in), static_cast<float*>(res),
+                         static_cast<const float*>(w), rows, hidden, is, rs, eps);
+  else
+    fused_add_rms_norm_t(static_cast<uint16_t*>(in), static_cast<uint16_t*>(res),
+                         static_cast<const uint16_t*>(w), rows, hidden, is, rs, eps);
+}
+
+void silu_and_mul(DType dt, void* out, const void* in, int64_t rows, int64_t d,
+                  int64_t is, int64_t os) {
+  if (dt == DType::kFloat32)
+    silu_and_mul_t(static_cast<float*>(out), static_cast<const float*>(in), rows, d, is, os);
+  else
+    silu_and_mul_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), rows, d, is, os);
+}
+
+void rotary_embedding(DType dt, const int64_t* pos, void* x, const void* cache,
+                      int64_t tokens, int64_t heads, int64_t ts, int64_t hs,
+                      int64_t rot_dim, int64_t cs, bool neox) {
+  if (dt == DType::kFloat32)
+    rotary_t(pos, static_cast<float*>(x), static_cast<const float*>(cache),
+             tokens, heads, ts, hs, rot_dim, cs, neox);
+  else
+    rotary_t(pos, static_cast<uint16_t*>(x), static_cast<const uint16_t*>(cache),
+             tokens, heads, ts, hs, rot_dim, cs, neox);
+}
+
+void reshape_and_cache(int64_t elem_size, const void* key, const void* value,
+                       void* key_cache, void* value_cache, const int64_t* slots,
+                       int64_t tokens, int64_t kv_heads, int64_t head_size,
+                       int64_t block_size, int64_t kts, int64_t khs,
+                       int64_t vts, int64_t vhs) {
+  if (elem_size == 4)
+    reshape_and_cache_t(static_cast<const uint32_t*>(key), static_cast<const uint32_t*>(value),
+                        static_cast<uint32_t*>(key_cache), static_cast<uint32_t*>(value_cache),
+                        slots, tokens, kv_heads, head_size, block_size, kts, khs, vts, vhs);
+  else
+    reshape_and_cache_t(static_cast<const uint16_t*>(key), static_cast<const uint16_t*>(value),
+                        static_cast<uint16_t*>(key_cache), static_cast<uint16_t*>(value_cache),
+                        slots, tokens, kv_heads, head_size, block_size, kts, khs, vts, vhs);
+}
+
+void paged_attention(DType dt, void* out, const void* query, const void* kc,
+                     const void* vc, const int32_t* bt, const int32_t* sl,
+                     int64_t seqs, int64_t heads, int64_t kv_heads,
+                     int64_t head_size, int64_t block_size, int64_t max_blocks,
+                     float scale) {
+  if (dt == DType::kFloat32)
+    paged_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
+                      static_cast<const float*>(kc), static_cast<const float*>(vc),
+                      bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
+  else
+    paged_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
+                      static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),
+                      bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
+}
+
+const KernelTable table = {
+    ENGINE_STR(ENGINE_ISA), rms_norm, fused_add_rms_norm, silu_and_mul,
+    rotary_embedding,       reshape_and_cache, paged_attention,
+};
+
+}  // namespace
+
+const KernelTable* ENGINE_CAT(kernels_, ENGINE_ISA)() { return &table; }
+
+}  // namespace engine_cpu

@@ -1,0 +1,51 @@
+// Declarations of every op implementation; the schemas live in
+// torch_bindings.cpp, the one place where ops are named.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+namespace engine {
+
+#define ENGINE_DECLARE_OPS(ns)                                                 \
+  namespace ns {                                                               \
+  void rms_norm(at::Tensor& out, const at::Tensor& input,                      \
+                const at::Tensor& weight, double epsilon);                     \
+  void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual,             \
+                          const at::Tensor& weight, double epsilon);           \
+  void silu_and_mul(at::Tensor& out, const at::Tensor& input);                 \
+  void rotary_embedding(const at::Tensor& positions, at::Tensor& query,        \
+                        std::optional<at::Tensor> key, int64_t head_size,      \
+                        const at::Tensor& cos_sin_cache, bool is_neox);        \
+  void reshape_and_cache(const at::Tensor& key, const at::Tensor& value,       \
+                         at::Tensor& key_cache, at::Tensor& value_cache,       \
+                         const at::Tensor& slot_mapping);                      \
+  void paged_attention(at::Tensor& out, const at::Tensor& query,               \
+                       const at::Tensor& key_cache,                            \
+                       const at::Tensor& value_cache,                          \
+                       const at::Tensor& block_tables,                         \
+                       const at::Tensor& seq_lens, double scale);              \
+  }
+
+#ifdef ENGINE_WITH_CPU_KERNELS
+ENGINE_DECLARE_OPS(cpu)
+namespace cpu {
+// Which kernel table is in use ("avx512", "avx2", "generic").
+std::string isa();
+// Select "auto", "avx2", "avx512" or "generic"; returns the ISA now in use.
+// Refuses an ISA that was not compiled in or that this processor lacks.
+std::string select_isa(const std::string& name);
+// Comma-separated list of the ISAs compiled into this library.
+std::string compiled_isas();
+}  // namespace cpu
+#endif
+
+#ifdef ENGINE_WITH_CUDA_KERNELS
+ENGINE_DECLARE_OPS(cuda)
+#endif
+
+#undef ENGINE_DECLARE_OPS
+
+}  // namespace engine

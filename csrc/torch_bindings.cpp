@@ -1,0 +1,42 @@
+// Op schemas (the names and signatures users see as torch.ops._C.*) and their
+// per-device registrations. The first four keep upstream vLLM's schemas so
+// code written against upstream's ops runs unchanged.
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(_C, m) {
+  m.def("rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()");
+  m.def("fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()");
+  m.def("silu_and_mul(Tensor! result, Tensor input) -> ()");
+  m.def(
+      "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+      "Tensor cos_sin_cache, bool is_neox) -> ()");
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor! key_cache, Tensor! value_cache, "
+      "Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor seq_lens, float scale) -> ()");
+#ifdef ENGINE_WITH_CPU_KERNELS
+  m.def("cpu_isa", &engine::cpu::isa);
+  m.def("select_cpu_isa", &engine::cpu::select_isa);
+  m.def("cpu_compiled_isas", &engine::cpu::compiled_isas);
+#endif
+}
+
+#define ENGINE_REGISTER_OPS(ns)                               \
+  m.impl("rms_norm", &engine::ns::rms_norm);                   \
+  m.impl("fused_add_rms_norm", &engine::ns::fused_add_rms_norm); \
+  m.impl("silu_and_mul", &engine::ns::silu_and_mul);           \
+  m.impl("rotary_embedding", &engine::ns::rotary_embedding);   \
+  m.impl("reshape_and_cache", &engine::ns::reshape_and_cache); \
+  m.impl("paged_attention", &engine::ns::paged_attention);
+
+#ifdef ENGINE_WITH_CPU_KERNELS
+TORCH_LIBRARY_IMPL(_C, CPU, m) { ENGINE_REGISTER_OPS(cpu) }
+#endif
+
+#ifdef ENGINE_WITH_CUDA_KERNELS
+TORCH_LIBRARY_IMPL(_C, CUDA, m) { ENGINE_REGISTER_OPS(cuda) }
+#endif

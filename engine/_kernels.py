@@ -1,0 +1,52 @@
+"""Load the compiled kernels (engine._C) safely.
+
+Before the extension is loaded, the torch it was compiled against is compared
+with the installed one, and the CPU code path is chosen from VLLM_CPU_ISA.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+from packaging.version import Version
+
+from engine import envs
+from engine.build_info import BuildInfo, build_info
+
+
+class TorchMismatchError(ImportError):
+    """The installed torch is not the one the kernels were compiled against."""
+
+
+def _fix_command(info: BuildInfo) -> str:
+    req = info.torch_requirement or f"torch=={info.torch_version}"
+    if info.torch_index_url:
+        return f"pip install '{req}' --index-url {info.torch_index_url}"
+    return f"pip install '{req}'"
+
+
+def check_torch(info: BuildInfo, installed: str) -> None:
+    if info.torch_version is None:
+        return
+    if Version(installed).public != Version(info.torch_version).public:
+        raise TorchMismatchError(
+            f"vllm-engine's kernels ({info.variant}) were compiled against torch "
+            f"{info.torch_version}, but torch {installed} is installed. The compiled ops would "
+            f"fail to load. Fix: {_fix_command(info)}  (or reinstall vllm-engine built for "
+            f"torch {installed})"
+        )
+
+
+def load() -> BuildInfo:
+    """Load engine._C if this installation has it; return its build info."""
+    info = build_info()
+    if not info.has_kernels:
+        return info
+    check_torch(info, torch.__version__)
+    importlib.import_module("engine._C")
+    if info.device == "cpu":
+        try:
+            torch.ops._C.select_cpu_isa(envs.cpu_isa())
+        except RuntimeError as exc:  # processor lacks the ISA, or it was not compiled in
+            raise ImportError(f"vllm-engine: {exc}") from None
+    return info

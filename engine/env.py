@@ -1,0 +1,44 @@
+"""`python -m engine.env`: what this installation is and runs on (like upstream's collect_env)."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+
+def report() -> dict:
+    import torch
+
+    import engine
+
+    info = engine.BUILD_INFO
+    return {
+        "vllm_engine": engine.__version__,
+        "variant": info.variant,
+        "git_commit": info.git_commit,
+        "compiled_against_torch": info.torch_version,
+        "code_paths": list(info.code_paths),
+        "cpu_isa_in_use": engine.ops.cpu_isa(),
+        "extension": str(info.extension) if info.extension else None,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_hip": getattr(torch.version, "hip", None),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    data = report()
+    if argv and "--json" in argv:
+        print(json.dumps(data, indent=2))
+    else:
+        width = max(map(len, data))
+        for key, value in data.items():
+            print(f"{key:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

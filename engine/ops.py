@@ -1,0 +1,64 @@
+"""Typed wrappers over torch.ops._C.*, falling back to engine.reference when
+this installation carries no compiled kernels (the `empty` variant).
+
+Signatures follow upstream vLLM's ops (output first, in place where upstream
+is), so code written against upstream runs unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine import reference
+from engine._kernels import load
+
+BUILD_INFO = load()
+_ops = torch.ops._C if BUILD_INFO.has_kernels else reference
+
+
+def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+             epsilon: float) -> None:
+    """out = input / sqrt(mean(input**2, -1) + epsilon) * weight."""
+    _ops.rms_norm(out, input, weight, epsilon)
+
+
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       epsilon: float) -> None:
+    """residual += input; input = rms_norm(residual) * weight (both in place)."""
+    _ops.fused_add_rms_norm(input, residual, weight, epsilon)
+
+
+def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """out = silu(input[..., :d]) * input[..., d:], with d = input.shape[-1] // 2."""
+    _ops.silu_and_mul(out, input)
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """Rotate query (and key) in place; cos_sin_cache is [max_position, rot_dim] (cos | sin)."""
+    _ops.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store key/value [tokens, kv_heads, head_size] into the paged caches
+    [num_blocks, kv_heads, block_size, head_size] at slot_mapping (-1: skip)."""
+    _ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float) -> None:
+    """Decode attention: one query token per sequence over its cached blocks."""
+    _ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def cpu_isa() -> str | None:
+    """The CPU code path in use (avx512, avx2, generic), or None without CPU kernels."""
+    return torch.ops._C.cpu_isa() if BUILD_INFO.device == "cpu" else None
+
+
+def select_cpu_isa(name: str) -> str:
+    """Switch the CPU code path at run time (auto, avx512, avx2); returns the one in use."""
+    if BUILD_INFO.device != "cpu":
+        raise RuntimeError(f"this is a {BUILD_INFO.variant} build; it has no CPU kernels")
+    return torch.ops._C.select_cpu_isa(name)

@@ -1,0 +1,91 @@
+"""Pure-torch references of every op, with the ops' exact signatures.
+
+The tests compare the kernels against these; the `empty` variant (no compiled
+kernels) runs them; the benchmarks time the kernels against them. Norms,
+activations and rotary embeddings compute in float32 and round once, as the
+kernels do; paged attention gathers the blocks and calls SDPA, the baseline a
+kernel-less engine would use.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
+    x = input.float()
+    var = x.pow(2).mean(-1, keepdim=True)
+    out.copy_((x * torch.rsqrt(var + epsilon) * weight.float()).to(out.dtype))
+
+
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       epsilon: float) -> None:
+    residual.copy_((input.float() + residual.float()).to(residual.dtype))
+    rms_norm(input, residual, weight, epsilon)
+
+
+def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    d = input.shape[-1] // 2
+    x = input.float()
+    out.copy_((F.silu(x[..., :d]) * x[..., d:]).to(out.dtype))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tokens: int,
+            head_size: int, is_neox: bool) -> None:
+    v = x.reshape(tokens, -1, head_size).clone()
+    rot = cos.shape[-1] * 2
+    r = v[..., :rot].float()
+    if is_neox:
+        x1, x2 = r.chunk(2, dim=-1)
+    else:
+        x1, x2 = r[..., 0::2], r[..., 1::2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+    new = torch.cat([o1, o2], -1) if is_neox else torch.stack([o1, o2], -1).flatten(-2)
+    v[..., :rot] = new.to(x.dtype)
+    x.copy_(v.view(x.shape))
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    tokens = positions.numel()
+    cos, sin = cos_sin_cache[positions.reshape(-1)].float().chunk(2, dim=-1)
+    _rotate(query, cos, sin, tokens, head_size, is_neox)
+    if key is not None:
+        _rotate(key, cos, sin, tokens, head_size, is_neox)
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    block_size = key_cache.shape[2]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    blocks, offsets = slots // block_size, slots % block_size
+    key_cache[blocks, :, offsets] = key[keep]
+    value_cache[blocks, :, offsets] = value[keep]
+
+
+def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float) -> None:
+    num_seqs, heads, head_size = query.shape
+    _, kv_heads, block_size, _ = key_cache.shape
+    max_len = int(seq_lens.max()) if num_seqs else 0
+    if max_len == 0:
+        out.zero_()
+        return
+    nblk = (max_len + block_size - 1) // block_size
+    tables = block_tables[:, :nblk].long()
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:  # [seqs, kv_heads, max_len, head_size]
+        g = cache[tables]  # [seqs, nblk, kv_heads, block_size, head_size]
+        return g.permute(0, 2, 1, 3, 4).reshape(num_seqs, kv_heads, nblk * block_size,
+                                                head_size)[:, :, :max_len]
+
+    k, v = gather(key_cache), gather(value_cache)
+    mask = torch.arange(max_len)[None, :] < seq_lens[:, None].long()
+    o = F.scaled_dot_product_attention(query[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
+                                       scale=scale, enable_gqa=kv_heads != heads)
+    o = o[:, :, 0, :]
+    o[seq_lens == 0] = 0
+    out.copy_(o)

@@ -1,0 +1,137 @@
+"""The in-tree PEP 517 backend: decide the variant, then delegate.
+
+Each hook maps to scikit_build_core.build with config settings derived from
+tools.build_settings; hooks may run in separate processes, so nothing is kept
+between them. Requirements come from requirements/build/<variant>.txt, so a
+build environment receives only what this variant needs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from functools import wraps
+
+from scikit_build_core import build as _skbuild
+
+from tools.build_settings import BuildSettings, resolve
+from tools.errors import UserError
+from tools.requirements import REPO_ROOT, build_requirements
+from tools.target import torch_requirement
+from tools.variants import DEFAULT_TORCH_INDEX_BASE
+from tools.version import git_commit
+
+__all__ = [
+    "build_editable",
+    "build_sdist",
+    "build_wheel",
+    "get_requires_for_build_editable",
+    "get_requires_for_build_sdist",
+    "get_requires_for_build_wheel",
+    "prepare_metadata_for_build_editable",
+    "prepare_metadata_for_build_wheel",
+]
+
+
+def _user_errors_exit(hook):
+    """A UserError becomes one clear line on stderr and a failed build, not a traceback."""
+
+    @wraps(hook)
+    def run(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except UserError as exc:
+            if os.environ.get("VLLM_DEBUG"):
+                raise
+            print(f"vllm-engine build: error: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+
+    return run
+
+
+def config_settings_for(settings: BuildSettings, given: dict | None) -> dict:
+    cs = dict(given or {})
+    if not settings.compiles:
+        if settings.precompiled:
+            raise UserError(
+                "precompiled mode (VLLM_USE_PRECOMPILED / VLLM_PRECOMPILED_WHEEL_LOCATION) "
+                "is not available in this version of vllm-engine yet; unset it to build from source"
+            )
+        cs.setdefault("wheel.cmake", "false")
+        cs.setdefault("wheel.py-api", "py3")
+        cs.setdefault("wheel.platlib", "false")
+        return cs
+    v = settings.variant
+    cs["cmake.define.VLLM_TARGET_DEVICE"] = v.device
+    cs["cmake.define.VLLM_VARIANT"] = v.label
+    cs["cmake.define.VLLM_GIT_COMMIT"] = git_commit(REPO_ROOT) or "unknown"
+    # Recorded in the build info so that a torch mismatch names its own fix;
+    # the upstream index, never a private mirror the builder may have used.
+    cs["cmake.define.VLLM_TORCH_REQUIREMENT"] = torch_requirement(v)
+    cs["cmake.define.VLLM_TORCH_INDEX_URL"] = v.torch_index_url(DEFAULT_TORCH_INDEX_BASE) or ""
+    # One build tree per variant: a cpu and a cu130 build never share a cache.
+    cs.setdefault("build-dir", f"build/{v.label}")
+    if settings.compiler_launcher:
+        for lang in ("C", "CXX", "CUDA"):
+            cs.setdefault(f"cmake.define.CMAKE_{lang}_COMPILER_LAUNCHER",
+                          settings.compiler_launcher)
+        # pip and uv build in random temporary folders; hash relative paths.
+        os.environ.setdefault("CCACHE_NOHASHDIR", "true")
+        os.environ.setdefault("CCACHE_BASEDIR", str(REPO_ROOT))
+    if settings.max_jobs:
+        os.environ["CMAKE_BUILD_PARALLEL_LEVEL"] = str(settings.max_jobs)
+    return cs
+
+
+def _requires(settings: BuildSettings, skbuild_requires: list[str]) -> list[str]:
+    variant = settings.variant.label if settings.compiles else "empty"
+    out = build_requirements(variant)
+    # scikit-build-core asks for cmake/ninja only when the system's are too old.
+    return out + [r for r in skbuild_requires if r not in out]
+
+
+@_user_errors_exit
+def get_requires_for_build_wheel(config_settings=None):
+    s = resolve()
+    cs = config_settings_for(s, config_settings)
+    return _requires(s, _skbuild.get_requires_for_build_wheel(cs))
+
+
+@_user_errors_exit
+def get_requires_for_build_editable(config_settings=None):
+    s = resolve()
+    cs = config_settings_for(s, config_settings)
+    return _requires(s, _skbuild.get_requires_for_build_editable(cs))
+
+
+@_user_errors_exit
+def get_requires_for_build_sdist(config_settings=None):
+    return _skbuild.get_requires_for_build_sdist(config_settings)
+
+
+@_user_errors_exit
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    cs = config_settings_for(resolve(), config_settings)
+    return _skbuild.prepare_metadata_for_build_wheel(metadata_directory, cs)
+
+
+@_user_errors_exit
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    cs = config_settings_for(resolve(), config_settings)
+    return _skbuild.prepare_metadata_for_build_editable(metadata_directory, cs)
+
+
+@_user_errors_exit
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    cs = config_settings_for(resolve(), config_settings)
+    return _skbuild.build_wheel(wheel_directory, cs, metadata_directory)
+
+
+@_user_errors_exit
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    cs = config_settings_for(resolve(), config_settings)
+    return _skbuild.build_editable(wheel_directory, cs, metadata_directory)
+
+
+@_user_errors_exit
+def build_sdist(sdist_directory, config_settings=None):
+    return _skbuild.build_sdist(sdist_directory, config_settings)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from tools.errors import UserError
-from tools.variants import VARIANTS, Variant, check_device, main_cuda_variant
+from tools.variants import VARIANTS, Variant, check_device
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
@@ -38,19 +38,15 @@ class BuildSettings:
         return self.variant.compiles and not self.precompiled
 
 
-def variant_for_device(device: str, env: Mapping[str, str]) -> Variant:
-    if device == "cuda":
-        return main_cuda_variant(env)
-    if device == "rocm":
-        return VARIANTS["rocm700"]
-    return VARIANTS[device]
-
-
 def target_variant(env: Mapping[str, str]) -> Variant:
+    """cpu/xpu/empty name their variant; a GPU generation (cu129 or cu130,
+    rocm700 or rocm721) and an unset device are left to tools.target, which
+    consults VLLM_MAIN_CUDA_VERSION, then the build environment's torch, then
+    the driver."""
     device = env.get("VLLM_TARGET_DEVICE", "").strip()
-    if device:
-        return variant_for_device(check_device(device), env)
-    from tools.target import detect  # only when the user left the choice to us
+    if device and check_device(device) in ("cpu", "xpu", "empty"):
+        return VARIANTS[device]
+    from tools.target import detect
 
     return detect(env).variant
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Build and repair one variant's wheel: ci/build-wheel.sh <variant> <outdir>
+#
+# Leaves exactly one wheel, vllm_engine-<version>+g<hash>.<variant>-cp38-abi3-
+# manylinux_2_X_<arch>.whl, in <outdir>. The build runs in a per-variant
+# environment (.venvs/build-<variant>) holding requirements/build/<variant>.txt,
+# without isolation, so a rebuild reuses both it and build/<variant>.
+#
+# Where torch comes from: $VLLM_TORCH_FIND_LINKS (a folder of wheels) if set,
+# else the variant's folder under $VLLM_TORCH_INDEX_BASE (default: PyTorch's index).
+set -euo pipefail
+
+if [ $# -ne 2 ]; then
+  echo "usage: ci/build-wheel.sh <variant> <outdir>   (variants: cpu cu129 cu130 rocm700 rocm721 xpu)" >&2
+  exit 2
+fi
+variant=$1
+outdir=$2
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+host_python=${PYTHON:-python3}
+uv=${UV:-uv}
+command -v "$uv" >/dev/null || { echo "error: uv is not installed (pip install uv)" >&2; exit 2; }
+
+# Facts about the variant come from the variant table (tools/variants.py).
+read -r device torch_index < <(cd "$repo" && "$host_python" -c "
+import sys
+from tools.errors import UserError
+from tools.variants import get_variant, torch_index_base
+try:
+    v = get_variant(sys.argv[1])
+except UserError as e:
+    sys.exit(f'error: {e}')
+print(v.device, v.torch_index_url(torch_index_base()) or '-')" "$variant")
+if [ "$device" = empty ]; then
+  echo "error: the empty variant has no compiled kernels to repair; build it with 'uv build --wheel'" >&2
+  exit 2
+fi
+
+venv="$repo/.venvs/build-$variant"
+if [ ! -x "$venv/bin/python" ]; then
+  "$uv" venv -q --python "$host_python" "$venv"
+fi
+torch_source=(--extra-index-url "$torch_index" --index-strategy unsafe-best-match)
+if [ -n "${VLLM_TORCH_FIND_LINKS:-}" ]; then
+  torch_source=(--find-links "$VLLM_TORCH_FIND_LINKS")
+fi
+echo "==> build requirements for $variant (requirements/build/$variant.txt)"
+"$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" "${torch_source[@]}"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo "==> building $variant"
+# A CUDA build takes its generation from the torch in the build environment
+# (requirements/build/cu129.txt holds a cu129 torch), see tools/build_settings.py.
+(cd "$repo" && VLLM_TARGET_DEVICE=$device \
+  "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+
+# torch's own libraries (and the OpenMP runtime torch ships and has already
+# loaded) are provided by the torch the wheel pins: never graft copies.
+excludes=(libtorch.so libtorch_cpu.so libtorch_cuda.so libtorch_hip.so libtorch_xpu.so
+          libc10.so libc10_cuda.so libc10_hip.so libc10_xpu.so libgomp.so.1
+          'libcudart.so.*' 'libcuda.so.*' 'libamdhip64.so*' 'libsycl.so*')
+exclude_args=()
+for lib in "${excludes[@]}"; do exclude_args+=(--exclude "$lib"); done
+echo "==> repairing with auditwheel"
+"$host_python" -m auditwheel repair -w "$tmp/repaired" "${exclude_args[@]}" "$tmp"/raw/*.whl
+
+mkdir -p "$outdir"
+built=("$tmp"/repaired/*.whl)
+[ ${#built[@]} -eq 1 ] || { echo "error: expected one repaired wheel, got ${#built[@]}" >&2; exit 1; }
+name=$(basename "${built[0]}")
+for old in "$outdir"/vllm_engine-*."$variant"-*.whl; do
+  [ -e "$old" ] && [ "$(basename "$old")" != "$name" ] && { echo "removing stale $old"; rm -f "$old"; }
+done
+mv -f "${built[0]}" "$outdir/$name"
+echo "$outdir/$name"

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import REPO, Server, build_torch_mirror, run, torch_wheelhouse  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cpu_wheel(tmp_path_factory) -> Path:
+    """The repaired cpu wheel, built once per test session by ci/build-wheel.sh
+    (or taken from $VLLM_TEST_CPU_WHEEL when a caller has just built it)."""
+    given = os.environ.get("VLLM_TEST_CPU_WHEEL")
+    if given:
+        return Path(given)
+    out = tmp_path_factory.mktemp("wheelhouse")
+    run(["bash", REPO / "ci" / "build-wheel.sh", "cpu", out],
+        env={"VLLM_TORCH_FIND_LINKS": str(torch_wheelhouse())}, cwd=REPO)
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def torch_mirror(tmp_path_factory):
+    """A local mirror of PyTorch's index served on 127.0.0.1: the value tests
+    give VLLM_TORCH_INDEX_BASE (PyTorch's own index is unreachable here)."""
+    root = build_torch_mirror(tmp_path_factory.mktemp("torch-mirror"), torch_wheelhouse())
+    server = Server(root)
+    yield server.url
+    server.close()

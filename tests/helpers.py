@@ -1,0 +1,98 @@
+"""Shared pieces of the end-to-end tests: throwaway virtual environments, a
+local mirror of PyTorch's wheel index, and a copy of the source tree."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+UV = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+
+
+def run(cmd, *, env=None, cwd=None, check=True, timeout=1800) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([str(c) for c in cmd], env=full_env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
+                             f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def torch_wheelhouse() -> Path:
+    """The folder holding the torch 2.13.0+cpu wheel (pip's find-links here)."""
+    candidates = [os.environ.get("VLLM_TORCH_FIND_LINKS")]
+    try:
+        candidates.append(subprocess.run([sys.executable, "-m", "pip", "config", "get",
+                                          "global.find-links"], capture_output=True, text=True,
+                                         timeout=60).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for c in filter(None, candidates):
+        for folder in c.split():
+            if list(Path(folder).glob("torch-2.13.0+cpu-*.whl")):
+                return Path(folder)
+    raise AssertionError("no torch-2.13.0+cpu wheel found: set VLLM_TORCH_FIND_LINKS to the "
+                         "folder that holds it")
+
+
+class Server:
+    """A static file server on 127.0.0.1 in a thread."""
+
+    def __init__(self, root: Path):
+        handler = lambda *a, **kw: http.server.SimpleHTTPRequestHandler(  # noqa: E731
+            *a, directory=str(root), **kw)
+        http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def build_torch_mirror(root: Path, wheelhouse: Path) -> Path:
+    """A PEP 503 mirror laid out like PyTorch's: <root>/cpu/torch/index.html."""
+    page = root / "cpu" / "torch"
+    page.mkdir(parents=True)
+    links = []
+    for whl in sorted(wheelhouse.glob("torch-2.13.0+cpu-*.whl")):
+        os.symlink(whl, page / whl.name)
+        digest = hashlib.sha256(whl.read_bytes()).hexdigest()
+        links.append(f'<a href="{whl.name}#sha256={digest}">{whl.name}</a>')
+    (page / "index.html").write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links)
+                                     + "\n</body></html>\n")
+    (root / "cpu" / "index.html").write_text('<html><body><a href="torch/">torch</a></body></html>')
+    return root
+
+
+def make_venv(path: Path, *packages: str, extra_args=()) -> Path:
+    run([UV, "venv", "-q", "--python", sys.executable, path])
+    python = path / "bin" / "python"
+    if packages:
+        run([UV, "pip", "install", "-q", "--python", python, *packages, *extra_args])
+    return python
+
+
+def copy_source_tree(dest: Path) -> Path:
+    """The working tree as it is (uncommitted changes included), with its git
+    metadata, without build outputs or environments."""
+    top_level = {".venv", ".venvs", "build", "dist", "wheelhouse", "index", ".pytest_cache"}
+    anywhere = shutil.ignore_patterns("__pycache__", "*.so")
+
+    def ignore(folder, names):
+        skip = set(anywhere(folder, names))
+        if Path(folder) == REPO:
+            skip |= top_level & set(names)
+        return skip
+
+    shutil.copytree(REPO, dest, ignore=ignore, symlinks=True)
+    return dest

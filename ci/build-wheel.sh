@@ -6,8 +6,7 @@
 # environment (.venvs/build-<variant>) holding requirements/build/<variant>.txt,
 # without isolation, so a rebuild reuses both it and build/<variant>.
 #
-# Where torch comes from: $VLLM_TORCH_FIND_LINKS (a folder of wheels) if set,
-# else the variant's folder under $VLLM_TORCH_INDEX_BASE (default: PyTorch's index).
+# Where torch comes from: see torch_source in ci/lib.sh.
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -17,20 +16,15 @@ fi
 variant=$1
 outdir=$2
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-host_python=${PYTHON:-python3}
-uv=${UV:-uv}
-command -v "$uv" >/dev/null || { echo "error: uv is not installed (pip install uv)" >&2; exit 2; }
-
-# Facts about the variant come from the variant table (tools/variants.py).
-read -r device torch_index < <(cd "$repo" && "$host_python" -c "
-import sys
-from tools.errors import UserError
-from tools.variants import get_variant, torch_index_base
-try:
-    v = get_variant(sys.argv[1])
-except UserError as e:
-    sys.exit(f'error: {e}')
-print(v.device, v.torch_index_url(torch_index_base()) or '-')" "$variant")
+REPO=$repo
+source "$repo/ci/lib.sh"
+host_python=$PYTHON
+uv=$UV
+command -v "$uv" >/dev/null || { echo "error: uv is not installed (run ci/setup-dev.sh)" >&2; exit 2; }
+"$host_python" -c "import auditwheel, packaging" 2>/dev/null ||
+  { echo "error: $host_python lacks auditwheel/packaging (run ci/setup-dev.sh, or set PYTHON)" >&2; exit 2; }
+read -r device _ _ < <(variant_facts "$variant")
+[ -n "$device" ] || exit 2
 if [ "$device" = empty ]; then
   echo "error: the empty variant has no compiled kernels to repair; build it with 'uv build --wheel'" >&2
   exit 2
@@ -40,12 +34,9 @@ venv="$repo/.venvs/build-$variant"
 if [ ! -x "$venv/bin/python" ]; then
   "$uv" venv -q --python "$host_python" "$venv"
 fi
-torch_source=(--extra-index-url "$torch_index" --index-strategy unsafe-best-match)
-if [ -n "${VLLM_TORCH_FIND_LINKS:-}" ]; then
-  torch_source=(--find-links "$VLLM_TORCH_FIND_LINKS")
-fi
+torch_source "$variant"
 echo "==> build requirements for $variant (requirements/build/$variant.txt)"
-"$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" "${torch_source[@]}"
+"$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -19,7 +19,9 @@ class TorchMismatchError(ImportError):
 
 
 def _fix_command(info: BuildInfo) -> str:
-    req = info.torch_requirement or f"torch=={info.torch_version}"
+    req = info.torch_requirement
+    if not req or req == "torch":  # built with use_existing_torch.py: no pin recorded
+        req = f"torch=={info.torch_version}"
     if info.torch_index_url:
         return f"pip install '{req}' --index-url {info.torch_index_url}"
     return f"pip install '{req}'"

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import REPO, Server, build_torch_mirror, run, torch_wheelhouse  # noqa: E402
+from helpers import REPO, UV, Server, build_torch_mirror, run, torch_wheelhouse  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +20,8 @@ def cpu_wheel(tmp_path_factory) -> Path:
         return Path(given)
     out = tmp_path_factory.mktemp("wheelhouse")
     run(["bash", REPO / "ci" / "build-wheel.sh", "cpu", out],
-        env={"VLLM_TORCH_FIND_LINKS": str(torch_wheelhouse())}, cwd=REPO)
+        env={"VLLM_TORCH_FIND_LINKS": str(torch_wheelhouse()), "PYTHON": sys.executable,
+             "UV": UV}, cwd=REPO)
     (wheel,) = out.glob("*.whl")
     return wheel
 

@@ -51,11 +51,6 @@ def _user_errors_exit(hook):
 def config_settings_for(settings: BuildSettings, given: dict | None) -> dict:
     cs = dict(given or {})
     if not settings.compiles:
-        if settings.precompiled:
-            raise UserError(
-                "precompiled mode (VLLM_USE_PRECOMPILED / VLLM_PRECOMPILED_WHEEL_LOCATION) "
-                "is not available in this version of vllm-engine yet; unset it to build from source"
-            )
         cs.setdefault("wheel.cmake", "false")
         cs.setdefault("wheel.py-api", "py3")
         cs.setdefault("wheel.platlib", "false")
@@ -120,15 +115,25 @@ def prepare_metadata_for_build_editable(metadata_directory, config_settings=None
     return _skbuild.prepare_metadata_for_build_editable(metadata_directory, cs)
 
 
+def _settings_for_build() -> BuildSettings:
+    s = resolve()
+    if s.precompiled:
+        raise UserError(
+            "precompiled mode (VLLM_USE_PRECOMPILED / VLLM_PRECOMPILED_WHEEL_LOCATION) is not "
+            "available in this version of vllm-engine yet; unset it to build from source"
+        )
+    return s
+
+
 @_user_errors_exit
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    cs = config_settings_for(resolve(), config_settings)
+    cs = config_settings_for(_settings_for_build(), config_settings)
     return _skbuild.build_wheel(wheel_directory, cs, metadata_directory)
 
 
 @_user_errors_exit
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
-    cs = config_settings_for(resolve(), config_settings)
+    cs = config_settings_for(_settings_for_build(), config_settings)
     return _skbuild.build_editable(wheel_directory, cs, metadata_directory)
 
 

@@ -75,6 +75,22 @@ inline float fast_exp(float x) {
   return y * __builtin_bit_cast(float, scale_bits);
 }
 
+// 1/d for d in [1, 1e30]: a bit-trick seed and three Newton steps (relative
+// error ~1e-7). Cheaper than a vector division, which dominates silu otherwise.
+inline float recip_ge1(float d) {
+  float r = __builtin_bit_cast(float, 0x7EF311C7u - __builtin_bit_cast(uint32_t, d));
+  r = r * (2.0f - d * r);
+  r = r * (2.0f - d * r);
+  return r * (2.0f - d * r);
+}
+
+// silu(x) = x / (1 + exp(-x)). Below x = -69 the result is below 1e-28 in
+// magnitude; clamping there keeps the denominator in recip_ge1's range.
+inline float silu(float x) {
+  float nx = -x > 69.0f ? 69.0f : -x;
+  return x * recip_ge1(1.0f + fast_exp(nx));
+}
+
 inline bool worth_threads(int64_t elements) { return elements >= 16384; }
 
 // ---- rms_norm / fused_add_rms_norm -----------------------------------------
@@ -138,9 +154,7 @@ void silu_and_mul_t(T* out, const T* in, int64_t rows, int64_t d,
     T* y = out + r * out_stride;
 #pragma omp simd
     for (int64_t i = 0; i < d; ++i) {
-      float x = Elem<T>::load(a[i]);
-      float silu = x / (1.0f + fast_exp(-x));
-      y[i] = Elem<T>::store(silu * Elem<T>::load(b[i]));
+      y[i] = Elem<T>::store(silu(Elem<T>::load(a[i])) * Elem<T>::load(b[i]));
     }
   }
 }

@@ -1,0 +1,321 @@
+// Argument validation shared by every device's ops. Each op calls its
+// prepare_* function first: it checks every argument (naming the one it
+// refuses), and returns the shapes and views the device's kernels need, so no
+// kernel can read or write out of bounds. Device-agnostic; on a GPU the bound
+// checks of index tensors synchronize, which is the price of failing cleanly.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/any.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/arange.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <optional>
+
+namespace engine {
+namespace checks {
+
+// The data tensor every other argument is compared with: float32 or bfloat16,
+// on the device whose kernels were dispatched to.
+inline at::ScalarType dtype_of(const at::Tensor& t, c10::DeviceType device, const char* op,
+                               const char* name) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined");
+  TORCH_CHECK_VALUE(t.device().type() == device, op, ": ", name, " must be a ",
+                    c10::DeviceTypeName(device), " tensor for these kernels, got device ",
+                    t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, op, ": ",
+                   name, " has dtype ", t.scalar_type(),
+                   "; the kernels support float32 and bfloat16");
+  return t.scalar_type();
+}
+
+inline void check_like(const at::Tensor& t, const at::Tensor& ref, const char* op,
+                       const char* name, const char* ref_name) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined");
+  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", name, " is on ", t.device(), " but ",
+                    ref_name, " is on ", ref.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), op, ": ", name, " has dtype ",
+                   t.scalar_type(), " but ", ref_name, " has dtype ", ref.scalar_type(),
+                   "; they must match");
+}
+
+inline void check_index_tensor(const at::Tensor& t, const at::Tensor& like, at::ScalarType want,
+                               int64_t dim, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.device() == like.device(), op, ": ", name, " must be on ", like.device(),
+                    ", got ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == want, op, ": ", name, " must have dtype ", want,
+                   ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, op, ": ", name, " must have ", dim,
+                    " dimensions, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+// A [rows, hidden] view with unit stride in the last dimension, without
+// copying: required for tensors written in place.
+inline at::Tensor rows_view(const at::Tensor& t, int64_t hidden, const char* op,
+                            const char* name) {
+  TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(-1) == hidden, op, ": ", name,
+                    " must have last dimension ", hidden, ", got shape ", t.sizes());
+  if (t.dim() == 2 && t.stride(1) == 1) return t;
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name,
+                    " must be contiguous (or 2-D with a contiguous last dimension), got strides ",
+                    t.strides());
+  return t.view({-1, hidden});
+}
+
+// Read-only inputs may be anything; copy only when the layout needs it.
+inline at::Tensor rows_input(const at::Tensor& t, int64_t hidden) {
+  at::Tensor v = t.reshape({-1, hidden});
+  return v.stride(1) == 1 ? v : v.contiguous();
+}
+
+inline void check_range(const at::Tensor& idx, int64_t lo_ok, int64_t hi_excl, const char* op,
+                        const char* what_msg) {
+  if (idx.numel() == 0) return;
+  auto mm = at::aminmax(idx);
+  const int64_t lo = std::get<0>(mm).item<int64_t>();
+  const int64_t hi = std::get<1>(mm).item<int64_t>();
+  TORCH_CHECK_INDEX(lo >= lo_ok && hi < hi_excl, op, ": ", what_msg, " range over [", lo, ", ",
+                    hi, "] but must lie in [", lo_ok, ", ", hi_excl, ")");
+}
+
+// ---- per-op preparation ------------------------------------------------------
+
+struct Rows {
+  at::ScalarType dtype;
+  at::Tensor a, b;  // the two row views the op reads/writes
+  int64_t rows, width;
+};
+
+inline Rows prepare_rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                             double epsilon, c10::DeviceType device) {
+  const char* op = "rms_norm";
+  auto dt = dtype_of(input, device, op, "input");
+  check_like(out, input, op, "result", "input");
+  check_like(weight, input, op, "weight", "input");
+  TORCH_CHECK_VALUE(input.dim() >= 1, op, ": input must have at least 1 dimension");
+  const int64_t hidden = input.size(-1);
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == hidden && weight.is_contiguous(), op,
+                    ": weight must be a contiguous 1-D tensor of size ", hidden,
+                    " (input's last dimension), got shape ", weight.sizes());
+  TORCH_CHECK_VALUE(out.sizes() == input.sizes(), op, ": result has shape ", out.sizes(),
+                    " but input has shape ", input.sizes());
+  TORCH_CHECK_VALUE(epsilon >= 0, op, ": epsilon must be >= 0, got ", epsilon);
+  if (input.numel() == 0) return {dt, {}, {}, 0, hidden};
+  at::Tensor in2 = rows_input(input, hidden);
+  return {dt, in2, rows_view(out, hidden, op, "result"), in2.size(0), hidden};
+}
+
+inline Rows prepare_fused_add_rms_norm(at::Tensor& input, at::Tensor& residual,
+                                       const at::Tensor& weight, double epsilon,
+                                       c10::DeviceType device) {
+  const char* op = "fused_add_rms_norm";
+  auto dt = dtype_of(input, device, op, "input");
+  check_like(residual, input, op, "residual", "input");
+  check_like(weight, input, op, "weight", "input");
+  TORCH_CHECK_VALUE(input.dim() >= 1, op, ": input must have at least 1 dimension");
+  const int64_t hidden = input.size(-1);
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == hidden && weight.is_contiguous(), op,
+                    ": weight must be a contiguous 1-D tensor of size ", hidden,
+                    ", got shape ", weight.sizes());
+  TORCH_CHECK_VALUE(residual.sizes() == input.sizes(), op, ": residual has shape ",
+                    residual.sizes(), " but input has shape ", input.sizes());
+  TORCH_CHECK_VALUE(epsilon >= 0, op, ": epsilon must be >= 0, got ", epsilon);
+  if (input.numel() == 0) return {dt, {}, {}, 0, hidden};
+  at::Tensor in2 = rows_view(input, hidden, op, "input");
+  return {dt, in2, rows_view(residual, hidden, op, "residual"), in2.size(0), hidden};
+}
+
+// a: input rows [rows, 2 * width], b: result rows [rows, width]
+inline Rows prepare_silu_and_mul(at::Tensor& out, const at::Tensor& input,
+                                 c10::DeviceType device) {
+  const char* op = "silu_and_mul";
+  auto dt = dtype_of(input, device, op, "input");
+  check_like(out, input, op, "result", "input");
+  TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(-1) % 2 == 0, op,
+                    ": input's last dimension must be even (gate and up halves), got shape ",
+                    input.sizes());
+  const int64_t d = input.size(-1) / 2;
+  auto want = input.sizes().vec();
+  want.back() = d;
+  TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(want), op, ": result must have shape ",
+                    at::IntArrayRef(want), ", got ", out.sizes());
+  if (out.numel() == 0) return {dt, {}, {}, 0, d};
+  at::Tensor in2 = rows_input(input, 2 * d);
+  return {dt, in2, rows_view(out, d, op, "result"), in2.size(0), d};
+}
+
+struct RotaryTarget {
+  int64_t heads = 0, token_stride = 0, head_stride = 0;
+};
+
+// query/key may be [tokens..., heads * head_size] or [tokens..., heads, head_size],
+// where tokens... are the dimensions of `positions`. Written in place, so the
+// layout must be addressable as (token, head, element) without a copy.
+inline RotaryTarget rotary_layout(const at::Tensor& x, const at::Tensor& positions,
+                                  int64_t head_size, const char* name) {
+  const char* op = "rotary_embedding";
+  const int64_t td = positions.dim();
+  TORCH_CHECK_VALUE(x.dim() == td + 1 || x.dim() == td + 2, op, ": ", name, " has shape ",
+                    x.sizes(), "; expected positions' shape ", positions.sizes(),
+                    " followed by [heads * head_size] or [heads, head_size]");
+  for (int64_t i = 0; i < td; ++i)
+    TORCH_CHECK_VALUE(x.size(i) == positions.size(i), op, ": ", name, " has shape ", x.sizes(),
+                      " which does not start with positions' shape ", positions.sizes());
+  TORCH_CHECK_VALUE(x.stride(-1) == 1, op, ": ", name,
+                    " must be contiguous in its last dimension");
+  RotaryTarget r;
+  if (x.dim() == td + 1) {
+    TORCH_CHECK_VALUE(x.size(-1) % head_size == 0, op, ": ", name, "'s last dimension ",
+                      x.size(-1), " is not a multiple of head_size ", head_size);
+    r.heads = x.size(-1) / head_size;
+    r.head_stride = head_size;
+  } else {
+    TORCH_CHECK_VALUE(x.size(-1) == head_size, op, ": ", name, "'s last dimension ", x.size(-1),
+                      " must equal head_size ", head_size);
+    r.heads = x.size(-2);
+    r.head_stride = x.stride(-2);
+  }
+  r.token_stride = x.stride(td - 1);
+  // Leading token dimensions must collapse into one stride.
+  for (int64_t i = 0; i + 1 < td; ++i)
+    TORCH_CHECK_VALUE(x.size(i + 1) == 1 || x.stride(i) == x.stride(i + 1) * x.size(i + 1), op,
+                      ": ", name, "'s token dimensions are not contiguous with each other");
+  return r;
+}
+
+struct Rotary {
+  at::ScalarType dtype;
+  at::Tensor positions;  // contiguous
+  RotaryTarget q, k;
+  int64_t tokens, rot_dim;
+};
+
+inline Rotary prepare_rotary(const at::Tensor& positions, const at::Tensor& query,
+                             const std::optional<at::Tensor>& key, int64_t head_size,
+                             const at::Tensor& cos_sin_cache, c10::DeviceType device) {
+  const char* op = "rotary_embedding";
+  auto dt = dtype_of(query, device, op, "query");
+  TORCH_CHECK_VALUE(head_size > 0, op, ": head_size must be positive, got ", head_size);
+  TORCH_CHECK_VALUE(positions.device() == query.device(), op, ": positions must be on ",
+                    query.device(), ", got ", positions.device());
+  TORCH_CHECK_TYPE(positions.scalar_type() == at::kLong, op,
+                   ": positions must have dtype int64, got ", positions.scalar_type());
+  TORCH_CHECK_VALUE(positions.dim() >= 1 && positions.dim() <= 2, op,
+                    ": positions must be [tokens] or [batch, seq], got shape ", positions.sizes());
+  check_like(cos_sin_cache, query, op, "cos_sin_cache", "query");
+  TORCH_CHECK_VALUE(cos_sin_cache.dim() == 2 && cos_sin_cache.stride(1) == 1, op,
+                    ": cos_sin_cache must be [max_position, rot_dim] with a contiguous last "
+                    "dimension, got shape ", cos_sin_cache.sizes());
+  const int64_t rot_dim = cos_sin_cache.size(1);
+  TORCH_CHECK_VALUE(rot_dim % 2 == 0 && rot_dim > 0 && rot_dim <= head_size, op,
+                    ": cos_sin_cache's rot_dim ", rot_dim, " must be even and in (0, head_size=",
+                    head_size, "]");
+  Rotary r{dt, positions.contiguous(), rotary_layout(query, positions, head_size, "query"), {},
+           positions.numel(), rot_dim};
+  if (key.has_value()) {
+    check_like(*key, query, op, "key", "query");
+    r.k = rotary_layout(*key, positions, head_size, "key");
+  }
+  check_range(r.positions, 0, cos_sin_cache.size(0), op,
+              "positions (rows of cos_sin_cache, i.e. max_position)");
+  return r;
+}
+
+// Cache layout shared by reshape_and_cache and paged_attention.
+struct CacheShape {
+  int64_t blocks, kv_heads, block_size, head_size;
+};
+
+inline CacheShape check_caches(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                               const char* op) {
+  TORCH_CHECK_VALUE(key_cache.dim() == 4, op,
+                    ": key_cache must be [num_blocks, num_kv_heads, block_size, head_size], "
+                    "got shape ", key_cache.sizes());
+  TORCH_CHECK_VALUE(value_cache.sizes() == key_cache.sizes(), op, ": value_cache has shape ",
+                    value_cache.sizes(), " but key_cache has shape ", key_cache.sizes());
+  check_like(value_cache, key_cache, op, "value_cache", "key_cache");
+  TORCH_CHECK_VALUE(key_cache.is_contiguous() && value_cache.is_contiguous(), op,
+                    ": key_cache and value_cache must be contiguous");
+  return {key_cache.size(0), key_cache.size(1), key_cache.size(2), key_cache.size(3)};
+}
+
+inline CacheShape prepare_reshape_and_cache(const at::Tensor& key, const at::Tensor& value,
+                                            const at::Tensor& key_cache,
+                                            const at::Tensor& value_cache,
+                                            const at::Tensor& slot_mapping,
+                                            c10::DeviceType device) {
+  const char* op = "reshape_and_cache";
+  dtype_of(key, device, op, "key");
+  check_like(value, key, op, "value", "key");
+  check_like(key_cache, key, op, "key_cache", "key");
+  CacheShape c = check_caches(key_cache, value_cache, op);
+  TORCH_CHECK_VALUE(key.dim() == 3 && key.size(1) == c.kv_heads && key.size(2) == c.head_size,
+                    op, ": key must be [tokens, ", c.kv_heads, ", ", c.head_size,
+                    "] to match the cache, got shape ", key.sizes());
+  TORCH_CHECK_VALUE(value.sizes() == key.sizes(), op, ": value has shape ", value.sizes(),
+                    " but key has shape ", key.sizes());
+  TORCH_CHECK_VALUE(key.stride(2) == 1 && value.stride(2) == 1, op,
+                    ": key and value must be contiguous in their last dimension");
+  check_index_tensor(slot_mapping, key, at::kLong, 1, op, "slot_mapping");
+  TORCH_CHECK_VALUE(slot_mapping.size(0) == key.size(0), op, ": slot_mapping has ",
+                    slot_mapping.size(0), " entries but key has ", key.size(0), " tokens");
+  check_range(slot_mapping, -1, c.blocks * c.block_size, op,
+              "slot_mapping entries (cache slots; -1 marks a token not to store)");
+  return c;
+}
+
+struct Attention {
+  at::ScalarType dtype;
+  CacheShape cache;
+  int64_t seqs, heads, max_blocks;
+};
+
+inline Attention prepare_paged_attention(const at::Tensor& out, const at::Tensor& query,
+                                         const at::Tensor& key_cache,
+                                         const at::Tensor& value_cache,
+                                         const at::Tensor& block_tables,
+                                         const at::Tensor& seq_lens, double scale,
+                                         c10::DeviceType device) {
+  const char* op = "paged_attention";
+  auto dt = dtype_of(query, device, op, "query");
+  check_like(out, query, op, "out", "query");
+  check_like(key_cache, query, op, "key_cache", "query");
+  CacheShape c = check_caches(key_cache, value_cache, op);
+  TORCH_CHECK_VALUE(query.dim() == 3 && query.is_contiguous(), op,
+                    ": query must be a contiguous [num_seqs, num_heads, head_size] tensor, got "
+                    "shape ", query.sizes());
+  TORCH_CHECK_VALUE(out.sizes() == query.sizes() && out.is_contiguous(), op,
+                    ": out must be contiguous with query's shape ", query.sizes(), ", got ",
+                    out.sizes());
+  const int64_t seqs = query.size(0), heads = query.size(1);
+  TORCH_CHECK_VALUE(query.size(2) == c.head_size, op, ": query's head_size ", query.size(2),
+                    " differs from the cache's ", c.head_size);
+  TORCH_CHECK_VALUE(c.kv_heads > 0 && heads % c.kv_heads == 0, op, ": num_heads ", heads,
+                    " must be a multiple of the cache's num_kv_heads ", c.kv_heads);
+  check_index_tensor(block_tables, query, at::kInt, 2, op, "block_tables");
+  check_index_tensor(seq_lens, query, at::kInt, 1, op, "seq_lens");
+  TORCH_CHECK_VALUE(block_tables.size(0) == seqs && seq_lens.size(0) == seqs, op,
+                    ": block_tables and seq_lens need one row per sequence (", seqs, "), got ",
+                    block_tables.size(0), " and ", seq_lens.size(0));
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  const int64_t max_blocks = block_tables.size(1);
+  if (seqs > 0) {
+    check_range(seq_lens, 0, max_blocks * c.block_size + 1, op,
+                "seq_lens (must fit block_tables' blocks)");
+    // Every block a sequence uses must lie inside the cache.
+    at::Tensor blocks_used = seq_lens.add(c.block_size - 1).div(c.block_size, "floor");
+    at::Tensor used =
+        at::arange(max_blocks, block_tables.options()).unsqueeze(0).lt(blocks_used.unsqueeze(1));
+    at::Tensor bad = block_tables.lt(0).logical_or(block_tables.ge(c.blocks)).logical_and(used);
+    TORCH_CHECK_INDEX(!at::any(bad).item<bool>(), op,
+                      ": block_tables has an entry that points outside the cache's ", c.blocks,
+                      " blocks");
+  }
+  return {dt, c, seqs, heads, max_blocks};
+}
+
+}  // namespace checks
+}  // namespace engine

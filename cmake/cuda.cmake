@@ -21,6 +21,12 @@ if("$ENV{TORCH_CUDA_ARCH_LIST}" STREQUAL "")
 endif()
 message(STATUS "vllm-engine: TORCH_CUDA_ARCH_LIST=$ENV{TORCH_CUDA_ARCH_LIST}")
 
+# torch's config still uses the legacy FindCUDA, which guesses the toolkit from
+# the nvcc on PATH and misses when that is a wrapper script; point it at the
+# toolkit CMake's own CUDA detection found.
+if(NOT EXISTS "${CUDA_TOOLKIT_ROOT_DIR}/include/cuda_runtime.h")
+  set(CUDA_TOOLKIT_ROOT_DIR "${CMAKE_CUDA_COMPILER_TOOLKIT_ROOT}" CACHE PATH "CUDA toolkit" FORCE)
+endif()
 find_package(Torch REQUIRED)
 if(NOT TARGET torch_cuda)
   message(FATAL_ERROR "vllm-engine: the torch in this build environment (${VLLM_TORCH_VERSION}) "

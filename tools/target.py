@@ -270,9 +270,10 @@ def _rocm_variant(m: Machine, reasons: list[str]) -> Variant:
     version = _version(m.torch_hip) if m.torch_hip else m.rocm
     source = "torch.version.hip" if m.torch_hip else "the ROCm installation"
     if version is None:
-        raise UserError("an AMD GPU is present but no ROCm version was found; install ROCm "
-                        "(/opt/rocm/.info/version or ROCM_PATH) or set "
-                        "VLLM_PRECOMPILED_WHEEL_VARIANT=rocm700")
+        raise UserError("the rocm device needs ROCm, but no ROCm version was found "
+                        "(/opt/rocm/.info/version, $ROCM_PATH/.info/version, torch.version.hip); "
+                        "install ROCm (it provides the hipcc compiler), or set "
+                        "VLLM_PRECOMPILED_WHEEL_VARIANT=rocm700 to use a precompiled wheel")
     key = f"{version.major}.{version.minor}"
     for prefix, label in ROCM_VARIANTS:
         if key == prefix:

@@ -1,8 +1,11 @@
 // CUDA implementations of the ops, registered for the CUDA dispatch key under
 // the same names as the CPU ones (csrc/torch_bindings.cpp). Arguments are
 // validated by csrc/op_checks.h before any launch; kernels accumulate in fp32.
-#include <ATen/cuda/CUDAContext.h>
+// c10's CUDA headers only: ATen/cuda/CUDAContext.h would pull in cuBLAS and
+// cuSPARSE headers, which a bare CUDA toolkit does not have.
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -219,8 +222,8 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
               double epsilon) {
   Rows r = prepare_rms_norm(out, input, weight, epsilon, at::kCUDA);
   if (r.rows == 0) return;
-  const at::cuda::CUDAGuard guard(input.device());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(input.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
   by_dtype(r.dtype, [&](auto tag) {
     using T = decltype(tag);
     rms_norm_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
@@ -234,8 +237,8 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
                         double epsilon) {
   Rows r = prepare_fused_add_rms_norm(input, residual, weight, epsilon, at::kCUDA);
   if (r.rows == 0) return;
-  const at::cuda::CUDAGuard guard(input.device());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(input.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
   by_dtype(r.dtype, [&](auto tag) {
     using T = decltype(tag);
     fused_add_rms_norm_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
@@ -248,8 +251,8 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   Rows r = prepare_silu_and_mul(out, input, at::kCUDA);
   if (r.rows == 0) return;
-  const at::cuda::CUDAGuard guard(input.device());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(input.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
   by_dtype(r.dtype, [&](auto tag) {
     using T = decltype(tag);
     silu_and_mul_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
@@ -263,8 +266,8 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
                       const at::Tensor& cos_sin_cache, bool is_neox) {
   Rotary r = prepare_rotary(positions, query, key, head_size, cos_sin_cache, at::kCUDA);
   if (r.tokens == 0) return;
-  const at::cuda::CUDAGuard guard(query.device());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(query.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
   by_dtype(r.dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t* pos = r.positions.const_data_ptr<int64_t>();
@@ -284,8 +287,8 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   CacheShape c =
       prepare_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, at::kCUDA);
   if (key.size(0) == 0) return;
-  const at::cuda::CUDAGuard guard(key.device());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(key.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
   by_dtype(key.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     reshape_and_cache_kernel<T><<<key.size(0), threads_for(c.kv_heads * c.head_size), 0,
@@ -307,8 +310,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                     a.cache.head_size, " exceeds the CUDA kernel's maximum of ",
                     32 * kMaxDimsPerLane);
   if (a.seqs == 0) return;
-  const at::cuda::CUDAGuard guard(query.device());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(query.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
   dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.seqs));
   by_dtype(a.dtype, [&](auto tag) {
     using T = decltype(tag);

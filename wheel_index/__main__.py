@@ -1,0 +1,5 @@
+import sys
+
+from wheel_index.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""python -m wheel_index publish | serve | prune | verify | ls"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tools.errors import UserError
+from wheel_index.maintain import pointers, prune, published, verify
+from wheel_index.publish import publish
+from wheel_index.storage import LocalStorage, open_storage
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m wheel_index", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    idx = dict(required=True, help="a folder, file://folder or s3://bucket/prefix")
+
+    pub = sub.add_parser("publish", help="store wheels under a commit and write its pages")
+    pub.add_argument("--index", **idx)
+    pub.add_argument("--commit", required=True, help="the full 40-hex commit the wheels are of")
+    pub.add_argument("--commit-time", help="commit time (epoch or ISO 8601); default: from git")
+    pub.add_argument("--nightly", action="store_true", help="also move nightly to this commit")
+    pub.add_argument("--release", action="store_true", help="also write the <version>/ pages")
+    pub.add_argument("--force", action="store_true", help="replace a wheel with different bytes")
+    pub.add_argument("--allow-rewind", action="store_true", help="let nightly move backwards")
+    pub.add_argument("wheels", nargs="+", type=Path)
+
+    srv = sub.add_parser("serve", help="serve a folder index over HTTP")
+    srv.add_argument("--index", required=True)
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+
+    pr = sub.add_parser("prune", help="remove old commits (never nightly's or a release's)")
+    pr.add_argument("--index", **idx)
+    g = pr.add_mutually_exclusive_group(required=True)
+    g.add_argument("--keep-days", type=int)
+    g.add_argument("--keep-commits", type=int)
+    pr.add_argument("--dry-run", action="store_true")
+
+    ve = sub.add_parser("verify", help="check every page against the stored files")
+    ve.add_argument("--index", **idx)
+
+    ls = sub.add_parser("ls", help="what is published, newest first")
+    ls.add_argument("--index", **idx)
+    ls.add_argument("--commit")
+    ls.add_argument("--variant")
+    return p
+
+
+def run(args) -> int:
+    if args.command == "serve":
+        from wheel_index.server import make_server
+
+        root = Path(args.index.removeprefix("file://"))
+        if not root.is_dir():
+            raise UserError(f"--index {args.index}: no such folder")
+        server = make_server(root, args.host, args.port)
+        print(f"serving {root} on http://{args.host}:{server.server_address[1]}/", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        return 0
+    storage = open_storage(args.index)
+    if args.command == "publish":
+        if isinstance(storage, LocalStorage):
+            storage.root.mkdir(parents=True, exist_ok=True)
+        r = publish(storage, args.commit, args.wheels, nightly=args.nightly, release=args.release,
+                    force=args.force, allow_rewind=args.allow_rewind,
+                    commit_time=args.commit_time)
+        for name in r.stored:
+            print(f"stored    {name}")
+        for name in r.unchanged:
+            print(f"unchanged {name}")
+        print(f"{len(r.pages_written)} page(s) written to {storage.describe()}")
+        return 0
+    if args.command == "prune":
+        prune(storage, keep_days=args.keep_days, keep_commits=args.keep_commits,
+              dry_run=args.dry_run)
+        return 0
+    if args.command == "verify":
+        problems = verify(storage)
+        print(f"{len(problems)} problem(s) in {storage.describe()}")
+        return 1 if problems else 0
+    if args.command == "ls":
+        marks: dict[str, list[str]] = {}
+        for view, commit in pointers(storage).items():
+            marks.setdefault(commit, []).append(view)
+        for p in published(storage, args.commit, args.variant):
+            when = datetime.fromtimestamp(p.commit_time, timezone.utc).strftime("%Y-%m-%d %H:%M")
+            tag = f"  [{', '.join(sorted(marks[p.commit]))}]" if p.commit in marks else ""
+            print(f"{p.commit}  {when}{tag}")
+            for variant, files in sorted(p.variants.items()):
+                for f in files:
+                    print(f"    {variant:<8} {f}")
+        return 0
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserError as exc:
+        if os.environ.get("VLLM_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

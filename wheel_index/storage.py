@@ -1,0 +1,235 @@
+"""One small storage interface, two implementations: a local folder and the
+S3 API (boto3). The index logic never knows which it has.
+
+Writes are atomic: on disk a temporary name then a rename, on S3 one PUT.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+from urllib.parse import urlparse
+
+from tools.errors import UserError
+from wheel_index.layout import cache_control, content_type
+
+TMP_PREFIX = ".tmp-"
+
+
+class Storage(ABC):
+    #: object stores serve no directory index: a page is also stored under its
+    #: folder's own key ("<dir>/"), which is what clients ask for.
+    dir_keys: bool = False
+
+    @abstractmethod
+    def read(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    def write_atomic(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def upload_file(self, key: str, path: Path) -> None: ...
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Every key under prefix/ (recursively), sorted."""
+
+    @abstractmethod
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """The names of the immediate sub-folders of prefix."""
+
+    @abstractmethod
+    def delete(self, keys: list[str]) -> None: ...
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where this is, for messages (never credentials)."""
+
+
+class LocalStorage(Storage):
+    def __init__(self, root: Path):
+        self.root = Path(root).absolute()
+
+    def _path(self, key: str) -> Path:
+        p = (self.root / key).resolve() if key else self.root
+        if p != self.root.resolve() and self.root.resolve() not in p.parents:
+            raise UserError(f"key {key!r} leaves the index folder {self.root}")
+        return p
+
+    def read(self, key):
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def _atomic(self, key: str, write) -> None:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def write_atomic(self, key, data):
+        self._atomic(key, lambda f: f.write(data))
+
+    def upload_file(self, key, path):
+        def copy(f):
+            with open(path, "rb") as src:
+                while chunk := src.read(1 << 20):
+                    f.write(chunk)
+
+        self._atomic(key, copy)
+
+    def exists(self, key):
+        return self._path(key).is_file()
+
+    def list(self, prefix):
+        base = self._path(prefix)
+        if not base.is_dir():
+            return []
+        out = []
+        for dirpath, _, files in os.walk(base):
+            for name in files:
+                if not name.startswith(TMP_PREFIX):
+                    out.append(Path(dirpath, name).relative_to(self.root).as_posix())
+        return sorted(out)
+
+    def list_dirs(self, prefix=""):
+        base = self._path(prefix)
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if p.is_dir())
+
+    def delete(self, keys):
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+        # remove folders left empty
+        for key in sorted({str(Path(k).parent) for k in keys}, key=len, reverse=True):
+            d = self._path(key)
+            while d != self.root and d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+                d = d.parent
+
+    def describe(self):
+        return str(self.root)
+
+
+class S3Storage(Storage):
+    """Bucket and prefix from s3://bucket/prefix; endpoint, region and
+    credentials come from the usual AWS variables (AWS_ENDPOINT_URL,
+    AWS_REGION, AWS_ACCESS_KEY_ID, ...) through boto3, and are never printed."""
+
+    dir_keys = True
+
+    def __init__(self, bucket: str, prefix: str, client=None):
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = client or boto3.client(
+            "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _errors(self, what: str, exc: Exception):
+        return UserError(f"S3 {what} failed for s3://{self.bucket}/{self.prefix}: "
+                         f"{type(exc).__name__}: {exc}")
+
+    def read(self, key):
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise self._errors(f"reading {key}", exc) from None
+
+    def _put_args(self, key):
+        return dict(Bucket=self.bucket, Key=self._key(key), ContentType=content_type(key),
+                    CacheControl=cache_control(key))
+
+    def write_atomic(self, key, data):
+        try:
+            self.client.put_object(Body=data, **self._put_args(key))
+        except Exception as exc:
+            raise self._errors(f"writing {key}", exc) from None
+
+    def upload_file(self, key, path):
+        args = self._put_args(key)
+        try:
+            self.client.upload_file(str(path), args.pop("Bucket"), args.pop("Key"),
+                                    ExtraArgs=args)
+        except Exception as exc:
+            raise self._errors(f"uploading {key}", exc) from None
+
+    def exists(self, key):
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError:
+            return False
+
+    def _paginate(self, **kw):
+        try:
+            yield from self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, **kw)
+        except Exception as exc:
+            raise self._errors("listing", exc) from None
+
+    def list(self, prefix):
+        full = self._key(prefix).rstrip("/") + "/"
+        strip = len(self._key(""))
+        keys = [o["Key"][strip:] for page in self._paginate(Prefix=full)
+                for o in page.get("Contents", [])]
+        return sorted(k for k in keys if not k.endswith("/"))
+
+    def list_dirs(self, prefix=""):
+        full = self._key(prefix).rstrip("/") + "/" if (prefix or self.prefix) else ""
+        names = set()
+        for page in self._paginate(Prefix=full, Delimiter="/"):
+            for p in page.get("CommonPrefixes", []):
+                names.add(p["Prefix"][len(full):].strip("/"))
+        return sorted(n for n in names if n)
+
+    def delete(self, keys):
+        full = [self._key(k) for k in keys]
+        for i in range(0, len(full), 1000):
+            batch = [{"Key": k} for k in full[i:i + 1000]]
+            try:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
+            except Exception as exc:
+                raise self._errors("deleting", exc) from None
+
+    def describe(self):
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+def open_storage(spec: str) -> Storage:
+    """A folder, file://folder or s3://bucket/prefix."""
+    if spec.startswith("s3://"):
+        u = urlparse(spec)
+        if not u.netloc:
+            raise UserError(f"--index {spec!r}: an S3 index is s3://<bucket>[/<prefix>]")
+        return S3Storage(u.netloc, u.path)
+    if spec.startswith("file://"):
+        spec = urlparse(spec).path
+    elif "://" in spec:
+        raise UserError(f"--index {spec!r}: use a folder, file://<folder> or s3://<bucket>/<prefix>")
+    return LocalStorage(Path(spec))

@@ -34,3 +34,26 @@ def torch_mirror(tmp_path_factory):
     server = Server(root)
     yield server.url
     server.close()
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    from helpers import MotoServer
+
+    server = MotoServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch):
+    """AWS variables pointing boto3 at the loopback S3 server, and a fresh bucket."""
+    import uuid
+
+    import boto3
+
+    for k, v in moto_server.env().items():
+        monkeypatch.setenv(k, v)
+    bucket = f"idx-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return bucket

@@ -96,3 +96,78 @@ def copy_source_tree(dest: Path) -> Path:
 
     shutil.copytree(REPO, dest, ignore=ignore, symlinks=True)
     return dest
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_wheel(folder: Path, version: str, *, commit: str = "0" * 40, variant: str | None = None,
+               platform: str = "manylinux_2_34_x86_64", body: str = "VALUE = 1\n",
+               build_info: bool = True, name: str = "vllm_engine") -> Path:
+    """A small but well-formed vllm-engine wheel (pure Python, with a build-info
+    record) for tests that need many of them."""
+    import base64
+    import json
+    import zipfile
+
+    if variant is None:  # the local segment's last part; a plain release is the main CUDA one
+        variant = version.split("+")[1].split(".")[-1] if "+" in version else "cu130"
+    dist_info = f"{name}-{version}.dist-info"
+    files = {
+        "engine/__init__.py": body,
+        f"{dist_info}/METADATA": (f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\n"
+                                  f"Version: {version}\nRequires-Python: >=3.10\n"),
+        f"{dist_info}/WHEEL": ("Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\n"
+                               f"Tag: cp38-abi3-{platform}\n"),
+    }
+    if build_info:
+        files["engine/_build_info.json"] = json.dumps(
+            {"variant": variant, "device": variant, "git_commit": commit,
+             "torch_version": None, "code_paths": []})
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{dist_info}/RECORD,,")
+    files[f"{dist_info}/RECORD"] = "\n".join(record) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{name}-{version}-cp38-abi3-{platform}.whl"
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return out
+
+
+class MotoServer:
+    """A real S3-API server (moto) in its own process on 127.0.0.1."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                      "-p", str(self.port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        import time
+        import urllib.request
+
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(self.url + "/moto-api/", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.close()
+        raise AssertionError("moto server did not start")
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)

@@ -115,11 +115,11 @@ def inspect_wheel(path: Path) -> InspectedWheel:
             p = PurePosixPath(m)
             if p.is_absolute() or ".." in p.parts or "\\" in m:
                 raise UserError(f"{where}: unsafe member name {m!r} in the archive")
-        dist_info = f"{name.split('-')[0]}-{name.split('-')[1]}.dist-info"
-        meta_name = f"{dist_info}/METADATA"
-        if meta_name not in members:
-            raise UserError(f"{where}: {meta_name} is missing; not a valid wheel")
-        metadata = zf.read(meta_name)
+        metas = [m for m in members if m.count("/") == 1 and m.endswith(".dist-info/METADATA")]
+        if len(metas) != 1:
+            raise UserError(f"{where}: expected exactly one *.dist-info/METADATA, found "
+                            f"{len(metas)}; not a valid wheel")
+        metadata = zf.read(metas[0])
         build_info = json.loads(zf.read(BUILD_INFO)) if BUILD_INFO in members else None
     headers = HeaderParser().parsestr(metadata.decode("utf-8", "replace"))
     if canonicalize_name(headers.get("Name", "")) != dist or Version(

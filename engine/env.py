@@ -12,6 +12,11 @@ def report() -> dict:
     import engine
 
     info = engine.BUILD_INFO
+    precompiled = None
+    if info.extension is not None:
+        record = info.extension.with_name("_precompiled.json")
+        if record.is_file():
+            precompiled = json.loads(record.read_text())
     return {
         "vllm_engine": engine.__version__,
         "variant": info.variant,
@@ -20,6 +25,7 @@ def report() -> dict:
         "code_paths": list(info.code_paths),
         "cpu_isa_in_use": engine.ops.cpu_isa(),
         "extension": str(info.extension) if info.extension else None,
+        "precompiled_from": precompiled,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "torch_hip": getattr(torch.version, "hip", None),

@@ -50,6 +50,10 @@ def _user_errors_exit(hook):
 
 def config_settings_for(settings: BuildSettings, given: dict | None) -> dict:
     cs = dict(given or {})
+    if settings.precompiled:  # kernels come from a wheel: a platform wheel without CMake
+        cs.setdefault("wheel.cmake", "false")
+        cs.setdefault("wheel.platlib", "true")
+        return cs
     if not settings.compiles:
         cs.setdefault("wheel.cmake", "false")
         cs.setdefault("wheel.py-api", "py3")
@@ -78,8 +82,10 @@ def config_settings_for(settings: BuildSettings, given: dict | None) -> dict:
 
 
 def _requires(settings: BuildSettings, skbuild_requires: list[str]) -> list[str]:
-    variant = settings.variant.label if settings.compiles else "empty"
-    out = build_requirements(variant)
+    if settings.precompiled:
+        out = build_requirements("precompiled")
+    else:
+        out = build_requirements(settings.variant.label if settings.compiles else "empty")
     # scikit-build-core asks for cmake/ninja only when the system's are too old.
     return out + [r for r in skbuild_requires if r not in out]
 
@@ -116,12 +122,12 @@ def prepare_metadata_for_build_editable(metadata_directory, config_settings=None
 
 
 def _settings_for_build() -> BuildSettings:
+    """Resolve the build; in precompiled mode, first take the kernels into engine/."""
     s = resolve()
     if s.precompiled:
-        raise UserError(
-            "precompiled mode (VLLM_USE_PRECOMPILED / VLLM_PRECOMPILED_WHEEL_LOCATION) is not "
-            "available in this version of vllm-engine yet; unset it to build from source"
-        )
+        from tools.precompiled import install_kernels
+
+        install_kernels(REPO_ROOT, os.environ, log=lambda m: print(m, file=sys.stderr))
     return s
 
 

@@ -44,7 +44,8 @@ def target_variant(env: Mapping[str, str]) -> Variant:
     consults VLLM_MAIN_CUDA_VERSION, then the build environment's torch, then
     the driver."""
     device = env.get("VLLM_TARGET_DEVICE", "").strip()
-    if device and check_device(device) in ("cpu", "xpu", "empty"):
+    forced = env.get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
+    if device and check_device(device) in ("cpu", "xpu", "empty") and not forced:
         return VARIANTS[device]
     from tools.target import detect
 

@@ -1,0 +1,202 @@
+"""Which precompiled wheel to use, failing closed.
+
+1. VLLM_PRECOMPILED_WHEEL_LOCATION (URL or path) wins and skips every look-up.
+2. The commit: VLLM_PRECOMPILED_WHEEL_COMMIT (40-hex or `nightly`), else the
+   merge-base of HEAD with main (origin/main when it exists, else main;
+   VLLM_PRECOMPILED_BASE_REF overrides).
+3. The variant: VLLM_PRECOMPILED_WHEEL_VARIANT, else what tools.target detects.
+4. The index: VLLM_PRECOMPILED_WHEEL_INDEX (folder, file://, http(s)://), else
+   the project's default folder index (DEFAULT_WHEEL_INDEX).
+5. <index>/<commit>/<variant>/metadata.json names the wheel and its sha256.
+
+When the base commit has no wheel yet, main's first-parent history is walked
+back (at most FALLBACK_DEPTH commits) to the newest commit with a wheel of this
+variant whose compiled inputs are byte-identical to the base commit's.
+"""
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from packaging.tags import sys_tags
+
+from tools import gitutil
+from tools.errors import UserError
+from tools.precompiled.fetch import get_bytes, local_path
+from tools.requirements import REPO_ROOT
+from tools.target import detect
+from tools.variants import get_variant
+
+#: The folder index ci/ publishes into: the whole loop works on one machine.
+DEFAULT_WHEEL_INDEX = REPO_ROOT / "index"
+FALLBACK_DEPTH = 20
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    url: str
+    sha256: str | None
+    variant: str
+    commit: str | None
+    filename: str
+    fallback_from: str | None = None
+
+
+def index_url(env: Mapping[str, str]) -> str:
+    given = env.get("VLLM_PRECOMPILED_WHEEL_INDEX", "").strip()
+    return (given or str(DEFAULT_WHEEL_INDEX)).rstrip("/")
+
+
+def _join(base: str, rel: str) -> str:
+    if local_path(base) is not None and not base.startswith("file://"):
+        return posixpath.normpath(posixpath.join(base, rel))
+    scheme, rest = base.split("://", 1)
+    return f"{scheme}://{posixpath.normpath(posixpath.join(rest, rel))}"
+
+
+def _variant(env: Mapping[str, str], log) -> str:
+    label = env.get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
+    if label:
+        return get_variant(label).label
+    target = detect(env)
+    log(f"vllm-engine: precompiled variant {target.variant.label} (detected: "
+        f"{'; '.join(target.reasons[-2:])}); set VLLM_PRECOMPILED_WHEEL_VARIANT to choose")
+    return target.variant.label
+
+
+def _metadata(index: str, level: str) -> dict | None:
+    data = get_bytes(f"{index}/{level}/metadata.json")
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise UserError(f"{index}/{level}/metadata.json is not valid JSON") from None
+
+
+def _pick(meta: dict, variant: str, index: str, level: str) -> tuple[dict, str] | None:
+    """The wheel of this variant that installs on this machine, and its URL."""
+    supported = [str(t) for t in sys_tags()]
+    best = None
+    for w in meta.get("wheels", []):
+        if w.get("variant") != variant:
+            continue
+        tags = [f"{py}-{abi}-{plat}" for py in w["python_tag"].split(".")
+                for abi in w["abi_tag"].split(".") for plat in w["platform_tag"].split(".")]
+        ranks = [supported.index(t) for t in tags if t in supported]
+        if ranks and (best is None or min(ranks) < best[0]):
+            best = (min(ranks), w)
+    if best is None:
+        return None
+    return best[1], _join(f"{index}/{level}", best[1]["path"])
+
+
+def _base_commit(root: Path, env: Mapping[str, str]) -> str:
+    if not gitutil.is_repo(root):
+        raise UserError("this source tree has no git metadata (an sdist or a tarball), so the "
+                        "commit to take kernels from is unknown: set "
+                        "VLLM_PRECOMPILED_WHEEL_COMMIT=<40-hex sha>|nightly or "
+                        "VLLM_PRECOMPILED_WHEEL_LOCATION=<wheel URL or path>")
+    ref = env.get("VLLM_PRECOMPILED_BASE_REF", "").strip()
+    if not ref:
+        ref = "origin/main" if gitutil.rev(root, "origin/main") else "main"
+    if gitutil.rev(root, ref) is None:
+        raise UserError(f"the main branch {ref!r} is not in this repository; fetch it "
+                        f"(git fetch origin main) or set VLLM_PRECOMPILED_BASE_REF")
+    base = gitutil.merge_base(root, "HEAD", ref)
+    if base is None:
+        if gitutil.is_shallow(root):
+            raise UserError(f"this is a shallow clone and HEAD's merge-base with {ref} is not in "
+                            f"it; run: git fetch --unshallow origin  (or git fetch --deepen=200 "
+                            "origin main), or set VLLM_PRECOMPILED_WHEEL_COMMIT")
+        raise UserError(f"HEAD has no common ancestor with {ref}; set "
+                        "VLLM_PRECOMPILED_WHEEL_COMMIT or VLLM_PRECOMPILED_BASE_REF")
+    return base
+
+
+def _ways_out(commit: str, variant: str) -> str:
+    return (f"no precompiled {variant} wheel for {commit} (its CI may still be running). "
+            "Ways out: wait and retry; VLLM_PRECOMPILED_WHEEL_COMMIT=nightly; "
+            "VLLM_PRECOMPILED_WHEEL_LOCATION=<wheel URL or path>; or build from source "
+            "(unset VLLM_USE_PRECOMPILED)")
+
+
+def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
+    variant = _variant(env, log)
+    location = env.get("VLLM_PRECOMPILED_WHEEL_LOCATION", "").strip()
+    if location:
+        url, _, frag = location.partition("#sha256=")
+        return Choice(url, frag or None, variant, None, Path(url).name)
+
+    index = index_url(env)
+    asked = env.get("VLLM_PRECOMPILED_WHEEL_COMMIT", "").strip()
+    in_git = gitutil.is_repo(root)
+    if asked == "nightly":
+        meta = _metadata(index, f"nightly/{variant}")
+        if meta is None:
+            raise UserError(f"{index} has no nightly {variant} wheel (nightly/{variant}/"
+                            "metadata.json); publish one or choose a commit")
+        commit = meta.get("commit")
+        if in_git:
+            changed = gitutil.compiled_inputs_differ(root, commit, None) if gitutil.rev(
+                root, commit) else ["(nightly's commit is not in this repository)"]
+            if changed:
+                log(f"vllm-engine: WARNING: nightly ({commit}) was built from compiled inputs "
+                    f"that differ from this checkout: {', '.join(changed[:10])}; using it "
+                    "because VLLM_PRECOMPILED_WHEEL_COMMIT=nightly was set explicitly")
+        return _finish(meta, variant, index, f"nightly/{variant}", commit, None)
+
+    if asked:
+        if not COMMIT_RE.fullmatch(asked):
+            raise UserError(f"VLLM_PRECOMPILED_WHEEL_COMMIT={asked!r} is neither a full 40-hex "
+                            "commit nor 'nightly'")
+        base = asked
+    else:
+        base = _base_commit(root, env)
+    if in_git and gitutil.rev(root, base):
+        changed = gitutil.compiled_inputs_differ(root, base, None)
+        if changed:
+            msg = (f"this checkout changes compiled inputs since {base[:12]}: "
+                   f"{', '.join(changed[:20])}; the precompiled kernels would not contain "
+                   "them. Build from source, or set VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES=1")
+            if env.get("VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES", "").strip().lower() in (
+                    "1", "true", "yes", "on"):
+                log(f"vllm-engine: WARNING: {msg}")
+            else:
+                raise UserError(msg)
+
+    meta = _metadata(index, f"{base}/{variant}")
+    if meta is not None:
+        return _finish(meta, variant, index, f"{base}/{variant}", base, None)
+    if asked or not in_git:
+        raise UserError(_ways_out(base, variant))
+    # The base commit's wheel is not built yet: an older main commit whose
+    # kernels are made from identical inputs is just as good.
+    for older in gitutil.first_parents(root, base, FALLBACK_DEPTH + 1)[1:]:
+        meta = _metadata(index, f"{older}/{variant}")
+        if meta is None:
+            continue
+        if gitutil.compiled_inputs_differ(root, older, base):
+            raise UserError(
+                f"{_ways_out(base, variant)}. The newest older main commit with a wheel, "
+                f"{older[:12]}, has different compiled inputs, so its kernels are not safe to use")
+        log(f"vllm-engine: no {variant} wheel for {base[:12]} yet; using {older[:12]} "
+            f"({gitutil.subject(root, older)!r}), whose compiled inputs are identical")
+        return _finish(meta, variant, index, f"{older}/{variant}", older, base)
+    raise UserError(f"{_ways_out(base, variant)} (looked back {FALLBACK_DEPTH} commits)")
+
+
+def _finish(meta: dict, variant: str, index: str, level: str, commit: str | None,
+            fallback_from: str | None) -> Choice:
+    picked = _pick(meta, variant, index, level)
+    if picked is None:
+        raise UserError(f"{index}/{level} has no {variant} wheel for this platform "
+                        f"({next(iter(sys_tags()))}); a wheel of another variant or platform is "
+                        "never used")
+    w, url = picked
+    return Choice(url, w["sha256"], variant, commit, w["filename"], fallback_from)

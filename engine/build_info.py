@@ -37,11 +37,28 @@ def read_record(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _refuse_missing_kernels() -> None:
+    """An installation whose version names a compiled variant must have its
+    kernels: never fall back to the slow reference ops without saying so."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("vllm-engine")
+    except metadata.PackageNotFoundError:
+        return  # a source tree that was never installed
+    variant = version.split("+", 1)[1].split(".")[-1] if "+" in version else "cu130"
+    if variant != "empty":
+        raise ImportError(f"vllm-engine {version} is installed but its compiled kernels "
+                          "(engine/_C.abi3.so) are missing; the installation is incomplete. "
+                          "Reinstall vllm-engine.")
+
+
 @lru_cache(maxsize=1)
 def build_info() -> BuildInfo:
     """The record of the installed kernels, or an `empty` record when none are installed."""
     spec = importlib.util.find_spec("engine._C")
     if spec is None or spec.origin is None:
+        _refuse_missing_kernels()
         return BuildInfo(variant="empty", device="empty", git_commit="unknown", torch_version=None)
     so = Path(spec.origin)
     record = so.with_name(RECORD_NAME)

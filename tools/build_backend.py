@@ -53,6 +53,9 @@ def config_settings_for(settings: BuildSettings, given: dict | None) -> dict:
     if settings.precompiled:  # kernels come from a wheel: a platform wheel without CMake
         cs.setdefault("wheel.cmake", "false")
         cs.setdefault("wheel.platlib", "true")
+        # The extracted files are git-ignored (they are not sources); pack them anyway.
+        cs.setdefault("sdist.include", ["engine/*.so", "engine/_build_info.json",
+                                        "engine/_precompiled.json"])
         return cs
     if not settings.compiles:
         cs.setdefault("wheel.cmake", "false")
@@ -128,7 +131,22 @@ def _settings_for_build() -> BuildSettings:
         from tools.precompiled import install_kernels
 
         install_kernels(REPO_ROOT, os.environ, log=lambda m: print(m, file=sys.stderr))
+    else:
+        _remove_precompiled_kernels()
     return s
+
+
+def _remove_precompiled_kernels() -> None:
+    """Kernels an earlier precompiled install put into the source tree would
+    shadow (or be packed beside) the ones this build makes."""
+    from tools.precompiled.extract import BUILD_INFO, RECORD
+
+    pkg = REPO_ROOT / "engine"
+    for leftover in [*pkg.glob("*.so"), pkg / BUILD_INFO, pkg / RECORD]:
+        if leftover.exists():
+            print(f"vllm-engine build: removing {leftover.relative_to(REPO_ROOT)} left by "
+                  "precompiled mode", file=sys.stderr)
+            leftover.unlink()
 
 
 @_user_errors_exit

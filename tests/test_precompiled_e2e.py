@@ -63,12 +63,14 @@ def commit_change(repo: Path, path: str, text: str, message: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-def install(repo, tmp_path, torch_mirror, env, *, tool="uv", editable=True, check=True):
+def install(repo, tmp_path, torch_mirror, env, *, tool="uv", editable=True, check=True,
+            verbose=False):
     venv = tmp_path / f"venv-{tool}-{editable}"
     if tool == "uv":
         py = make_venv(venv)
         cmd = [UV, "pip", "install", "--python", py, *(["-e"] if editable else []), repo,
-               "--extra-index-url", f"{torch_mirror}/cpu", "--index-strategy", "unsafe-best-match"]
+               "--extra-index-url", f"{torch_mirror}/cpu", "--index-strategy", "unsafe-best-match",
+               *(["-v"] if verbose else [])]  # uv shows a successful build's output only then
     else:
         run([UV, "venv", "-q", "--seed", "--python", sys.executable, venv])
         py = venv / "bin" / "python"
@@ -158,7 +160,7 @@ def test_edited_csrc_is_refused_unless_allowed(repo, published, torch_mirror, tm
     assert res.returncode != 0 and "csrc/cpu/kernels_impl.cpp" in res.stderr
     assert no_kernels_in(repo)
     py, res = install(repo, tmp_path / "ok", torch_mirror,
-                      {**env, "VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES": "1"})
+                      {**env, "VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES": "1"}, verbose=True)
     assert "WARNING" in res.stderr and smoke(py, tmp_path)
 
 

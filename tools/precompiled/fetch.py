@@ -122,14 +122,25 @@ def fetch(url: str, sha256: str | None, env: Mapping[str, str], log=print) -> Pa
 
 
 def _progress(chunks, total: int, name: str):
-    """A progress bar on a terminal for downloads over a few MB; silent otherwise."""
-    if not sys.stderr.isatty() or total < (4 << 20):
+    """Progress for downloads over a few MB: a rich bar on a terminal (when rich
+    is installed), otherwise a line per tenth on stderr, which pip and uv show
+    with -v (a build backend's output is captured)."""
+    if total < (4 << 20):
         yield from chunks
         return
     try:
+        if not sys.stderr.isatty():
+            raise ImportError
         from rich.progress import Progress
     except ImportError:
-        yield from chunks
+        done, next_mark = 0, 0.1
+        for chunk in chunks:
+            done += len(chunk)
+            if done / total >= next_mark:
+                print(f"vllm-engine: downloading {name}: {done * 100 // total}% of "
+                      f"{total >> 20} MiB", file=sys.stderr)
+                next_mark += 0.1
+            yield chunk
         return
     with Progress(transient=True) as progress:
         task = progress.add_task(f"downloading {name}", total=total)

@@ -1,0 +1,112 @@
+"""Precompiled mode against the floor of any editable install, same run.
+
+    python benchmarks/precompiled.py [--repeat 3]
+
+In a clone of HEAD whose commit has its cpu wheel published to a local HTTP
+index, with torch already in the target environment and uv's cache warm:
+  empty    VLLM_TARGET_DEVICE=empty uv pip install -e .   (compiles and fetches nothing)
+  cold     VLLM_USE_PRECOMPILED=1 uv pip install -e .     (download cache empty)
+  warm     the same with the download cache warm
+  source   VLLM_TARGET_DEVICE=cpu uv pip install -e .     (a real build, build isolation on)
+  wheel    uv pip install <the wheel>                      (for context)
+Targets: cold/empty <= 1.3, warm/empty <= 1.1, source/warm >= 10.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from helpers import torch_wheelhouse  # noqa: E402
+from wheel_index.publish import publish  # noqa: E402
+from wheel_index.server import make_server  # noqa: E402
+from wheel_index.storage import open_storage  # noqa: E402
+
+
+def timed(cmd, env, cwd=None) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"failed: {' '.join(map(str, cmd))}\n{res.stderr[-3000:]}")
+    return dt
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    bindir = Path(sys.executable).parent
+    uv = shutil.which("uv", path=str(bindir)) or "uv"
+    links = ["--find-links", str(torch_wheelhouse())]
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        src = tmp / "src"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(src)], check=True)
+        base_env = {**os.environ, "PYTHON": sys.executable, "UV": uv}
+        out = tmp / "wheelhouse"
+        subprocess.run(["bash", str(src / "ci" / "build-wheel.sh"), "cpu", str(out)], env=base_env,
+                       check=True, capture_output=True)
+        (wheel,) = out.glob("*.whl")
+        commit = json.loads(zipfile.ZipFile(wheel).read("engine/_build_info.json"))["git_commit"]
+        idx = tmp / "index"
+        publish(open_storage(str(idx)), commit, [wheel], commit_time="1", log=lambda m: None)
+        server = make_server(idx)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+
+        venv = tmp / "venv"
+        subprocess.run([uv, "venv", "-q", str(venv)], check=True)
+        py = str(venv / "bin" / "python")
+        subprocess.run([uv, "pip", "install", "-q", "--python", py, "torch==2.13.0+cpu", "numpy",
+                        "packaging", *links], check=True)
+        install = [uv, "pip", "install", "-q", "--python", py, "-e", str(src), *links,
+                   "--reinstall-package", "vllm-engine"]
+
+        def env(**kw):
+            return {**base_env, **kw}
+
+        # warm uv's cache (build requirements of both modes) before measuring
+        timed(install, env(VLLM_TARGET_DEVICE="empty"))
+        timed(install, env(VLLM_USE_PRECOMPILED="1", VLLM_PRECOMPILED_WHEEL_INDEX=url,
+                           VLLM_PRECOMPILED_CACHE=str(tmp / "c0")))
+        empty, cold, warm = [], [], []
+        for i in range(args.repeat):
+            empty.append(timed(install, env(VLLM_TARGET_DEVICE="empty")))
+            cache = str(tmp / f"cache{i}")
+            pre = env(VLLM_USE_PRECOMPILED="1", VLLM_PRECOMPILED_WHEEL_INDEX=url,
+                      VLLM_PRECOMPILED_CACHE=cache)
+            cold.append(timed(install, pre))
+            warm.append(timed(install, pre))
+        # a first build of this checkout: no compiler cache on PATH
+        source = timed(install, env(VLLM_TARGET_DEVICE="cpu", PATH="/usr/local/bin:/usr/bin:/bin"))
+        plain = timed([uv, "pip", "install", "-q", "--python", py, str(wheel), *links,
+                       "--reinstall-package", "vllm-engine"], base_env)
+        server.shutdown()
+    e, c, w = (statistics.median(x) for x in (empty, cold, warm))
+    print(f"editable installs, median of {args.repeat}; torch in the environment, uv cache warm")
+    print(f"  empty (the floor)          {e:6.2f} s   1.00x")
+    print(f"  precompiled, cache cold    {c:6.2f} s   {c / e:4.2f}x  (target <= 1.3) "
+          f"{'ok' if c / e <= 1.3 else 'MISS'}")
+    print(f"  precompiled, cache warm    {w:6.2f} s   {w / e:4.2f}x  (target <= 1.1) "
+          f"{'ok' if w / e <= 1.1 else 'MISS'}")
+    print(f"  source build (cpu)         {source:6.2f} s   {source / w:5.1f}x the precompiled "
+          f"install (target >= 10) {'ok' if source / w >= 10 else 'MISS'}")
+    print(f"  uv pip install <wheel>     {plain:6.2f} s   (context)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -47,3 +47,8 @@ torch_source() {
     TORCH_SOURCE=(--extra-index-url "$index_url" --index-strategy unsafe-best-match)
   fi
 }
+
+# The embedded default folder index (the one precompiled mode reads by default).
+default_index() {
+  (cd "$REPO" && "$PYTHON" -c "from tools.precompiled.select import DEFAULT_WHEEL_INDEX; print(DEFAULT_WHEEL_INDEX)")
+}

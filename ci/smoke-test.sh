@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install one wheel into a fresh virtual environment (with the torch it pins)
+# and check it: imports, has the kernels its variant promises, and (where this
+# machine can run them) runs the op suite. ci/smoke-test.sh <wheel>
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: ci/smoke-test.sh <wheel>" >&2; exit 2; }
+wheel=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$REPO/ci/lib.sh"
+variant=$(basename "$wheel" | sed -E 's/^[^-]+-[^+-]+\+([^-]+)-.*/\1/; s/.*\.//')
+venv=$(mktemp -d)/venv
+trap 'rm -rf "$(dirname "$venv")"' EXIT
+"$UV" venv -q --python "$PYTHON" "$venv"
+torch_source "$variant"
+"$UV" pip install -q --python "$venv/bin/python" "$wheel" pytest ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
+cd "$(dirname "$venv")"
+"$venv/bin/python" - "$variant" <<'PY'
+import sys
+import torch
+import engine
+variant = sys.argv[1]
+info = engine.BUILD_INFO
+assert info.variant == variant, (info.variant, variant)
+ops = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
+       "reshape_and_cache", "paged_attention"]
+key = {"cpu": "CPU"}.get(info.device, "CUDA" if info.device in ("cuda", "rocm") else "XPU")
+missing = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{op}", key)]
+assert not missing, f"ops without a {key} kernel: {missing}"
+print(f"smoke: vllm-engine {engine.__version__} imports; {len(ops)} ops registered for {key}")
+PY
+if [ "$variant" = cpu ]; then
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider "$REPO/tests/test_ops.py"
+fi
+echo "smoke test passed: $(basename "$wheel")"

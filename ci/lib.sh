@@ -44,7 +44,7 @@ torch_source() {
   if [[ "$pin" != *+* ]]; then
     TORCH_SOURCE=()
   else
-    TORCH_SOURCE=(--extra-index-url "$index_url" --index-strategy unsafe-best-match)
+    TORCH_SOURCE=(--extra-index-url "$index_url")
   fi
 }
 

@@ -56,8 +56,10 @@ done
 torch_source cpu
 url=http://127.0.0.1:$port
 echo "contract: uv pip install vllm-engine --extra-index-url $url/nightly/cpu --index-strategy first-index --torch-backend cpu"
-if [ ${#TORCH_SOURCE[@]} -gt 0 ]; then
+if [ "${TORCH_SOURCE[0]:-}" = --find-links ]; then
   # PyTorch's index is not reachable from here: take torch from where ci/lib.sh found it.
+  torch_args=("${TORCH_SOURCE[@]}")
+elif [ -n "${VLLM_TORCH_INDEX_BASE:-}" ]; then
   torch_args=("${TORCH_SOURCE[@]}")
 else
   torch_args=(--torch-backend cpu)

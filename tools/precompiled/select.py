@@ -52,7 +52,7 @@ def index_url(env: Mapping[str, str]) -> str:
     return (given or str(DEFAULT_WHEEL_INDEX)).rstrip("/")
 
 
-def _join(base: str, rel: str) -> str:
+def join_url(base: str, rel: str) -> str:
     if local_path(base) is not None and not base.startswith("file://"):
         return posixpath.normpath(posixpath.join(base, rel))
     scheme, rest = base.split("://", 1)
@@ -79,7 +79,7 @@ def _metadata(index: str, level: str) -> dict | None:
         raise UserError(f"{index}/{level}/metadata.json is not valid JSON") from None
 
 
-def _pick(meta: dict, variant: str, index: str, level: str) -> tuple[dict, str] | None:
+def pick_wheel(meta: dict, variant: str, index: str, level: str) -> tuple[dict, str] | None:
     """The wheel of this variant that installs on this machine, and its URL."""
     supported = [str(t) for t in sys_tags()]
     best = None
@@ -93,7 +93,7 @@ def _pick(meta: dict, variant: str, index: str, level: str) -> tuple[dict, str] 
             best = (min(ranks), w)
     if best is None:
         return None
-    return best[1], _join(f"{index}/{level}", best[1]["path"])
+    return best[1], join_url(f"{index}/{level}", best[1]["path"])
 
 
 def _base_commit(root: Path, env: Mapping[str, str]) -> str:
@@ -193,7 +193,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
 
 def _finish(meta: dict, variant: str, index: str, level: str, commit: str | None,
             fallback_from: str | None) -> Choice:
-    picked = _pick(meta, variant, index, level)
+    picked = pick_wheel(meta, variant, index, level)
     if picked is None:
         raise UserError(f"{index}/{level} has no {variant} wheel for this platform "
                         f"({next(iter(sys_tags()))}); a wheel of another variant or platform is "

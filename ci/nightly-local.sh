@@ -8,7 +8,7 @@
 #   ci/nightly-local.sh [--index INDEX] [--variants cpu,cu130] [--allow-dirty]
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ -x "$REPO/.venv/bin/python" ] || bash "$REPO/ci/setup-dev.sh"
+if [ -z "${PYTHON:-}" ] && [ ! -x "$REPO/.venv/bin/python" ]; then bash "$REPO/ci/setup-dev.sh"; fi
 source "$REPO/ci/lib.sh"
 index=$(default_index)
 variants=""

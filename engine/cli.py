@@ -1,13 +1,78 @@
-"""The `engine` command."""
+"""The `engine` command: generate, bench, env."""
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+
+
+def _llm(args):
+    from engine.llm import LLM
+
+    return LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
+               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a Hugging Face checkpoint folder")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+
+
+def generate(args) -> int:
+    from engine.sampling_params import SamplingParams
+
+    llm = _llm(args)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop or None,
+                            ignore_eos=args.ignore_eos)
+    for out in llm.generate(args.prompt, params):
+        print(out.outputs[0].text)
+    return 0
+
+
+def bench(args) -> int:
+    """Throughput on synthetic prompts: tokens generated per second."""
+    import torch
+
+    from engine.sampling_params import SamplingParams
+
+    llm = _llm(args)
+    g = torch.Generator().manual_seed(0)
+    vocab = llm.config.vocab_size
+    prompts = [torch.randint(3, vocab, (args.input_len,), generator=g).tolist()
+               for _ in range(args.num_prompts)]
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    dt = time.perf_counter() - t0
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(f"{args.num_prompts} requests x {args.output_len} tokens: {n} tokens in {dt:.2f} s = "
+          f"{n / dt:.1f} tokens/s")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="engine")
     sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text for prompts")
+    _common(g)
+    g.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append")
+    g.add_argument("--ignore-eos", action="store_true")
+    b = sub.add_parser("bench", help="throughput on synthetic prompts")
+    _common(b)
+    b.add_argument("--num-prompts", type=int, default=16)
+    b.add_argument("--input-len", type=int, default=32)
+    b.add_argument("--output-len", type=int, default=128)
     env = sub.add_parser("env", help="print what this installation is and runs on")
     env.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -15,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         from engine.env import main as env_main
 
         return env_main(["--json"] if args.json else [])
-    return 2
+    try:
+        return {"generate": generate, "bench": bench}[args.command](args)
+    except ValueError as exc:  # configuration and input errors: one clear line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ def report() -> dict:
     import torch
 
     import engine
+    from engine import preload
+    from engine.platforms import current as current_platform
 
     info = engine.BUILD_INFO
     precompiled = None
@@ -32,6 +34,8 @@ def report() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "processor": platform.machine(),
+        "platform_class": type(current_platform()).__name__,
+        "ld_preload_hint": preload.export_line(preload.find(), preload.is_source_build()),
     }
 
 
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         width = max(map(len, data))
         for key, value in data.items():
             print(f"{key:<{width}}  {value}")
+        if data["ld_preload_hint"]:
+            print(f"\nfor the best CPU performance:\n  {data['ld_preload_hint']}")
     return 0
 
 

@@ -1,18 +1,25 @@
 """Every run-time environment variable of the engine, parsed and validated here.
 
 Each variable has its default, its valid forms and its error message next to
-it; the rest of the package reads the parsed values through this module.
+it; the rest of the package reads the parsed values through these functions.
+Build-time variables live in tools/build_settings.py.
 """
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping
 
 CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "generic")
+DEFAULT_KVCACHE_GIB = 4.0
 
 
 class EnvError(ValueError):
     """An environment variable has a value the engine cannot use."""
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
@@ -29,4 +36,89 @@ def cpu_isa(env: Mapping[str, str] | None = None) -> str:
     AVX2 path on an AVX-512 machine (the tests cover both paths this way);
     `avx512` fails clearly where the processor lacks AVX-512.
     """
-    return _choice(os.environ if env is None else env, "VLLM_CPU_ISA", CPU_ISA_CHOICES, "auto")
+    return _choice(_env(env), "VLLM_CPU_ISA", CPU_ISA_CHOICES, "auto")
+
+
+def kvcache_space_bytes(env: Mapping[str, str] | None = None) -> int:
+    """VLLM_CPU_KVCACHE_SPACE: the paged KV cache size in GiB (a decimal number);
+    unset or 0 means 4 GiB."""
+    env = _env(env)
+    raw = env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    try:
+        gib = float(raw) if raw else 0.0
+    except ValueError:
+        raise EnvError(f"VLLM_CPU_KVCACHE_SPACE={raw!r} is not a number of GiB (e.g. 4 or 0.5)")
+    if gib < 0 or gib != gib or gib == float("inf"):
+        raise EnvError(f"VLLM_CPU_KVCACHE_SPACE={raw!r} must be a positive number of GiB")
+    return int((gib or DEFAULT_KVCACHE_GIB) * (1 << 30))
+
+
+_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def parse_cpu_list(text: str, name: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format)."""
+    text = text.strip()
+    if not _CPU_LIST.match(text):
+        raise EnvError(f"{name}: {text!r} is not a CPU list like 0-31 or 0,2,4-7")
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a:
+            raise EnvError(f"{name}: range {part!r} runs backwards")
+        cpus.extend(range(a, b + 1))
+    if len(set(cpus)) != len(cpus):
+        raise EnvError(f"{name}: {text!r} names a CPU twice")
+    return cpus
+
+
+def omp_threads_bind(env: Mapping[str, str] | None = None) -> str | list[list[int]]:
+    """VLLM_CPU_OMP_THREADS_BIND: `auto` (default), `nobind`, a CPU list
+    (`0-31`), or one list per rank separated by `|` (`0-31|32-63`)."""
+    env = _env(env)
+    raw = env.get("VLLM_CPU_OMP_THREADS_BIND", "").strip() or "auto"
+    if raw.lower() in ("auto", "nobind"):
+        return raw.lower()
+    lists = [parse_cpu_list(part, "VLLM_CPU_OMP_THREADS_BIND") for part in raw.split("|")]
+    seen: set[int] = set()
+    for cpus in lists:
+        if seen & set(cpus):
+            raise EnvError(f"VLLM_CPU_OMP_THREADS_BIND={raw!r}: ranks share CPUs "
+                           f"{sorted(seen & set(cpus))}")
+        seen |= set(cpus)
+    return lists
+
+
+def num_reserved_cpus(world_size: int, env: Mapping[str, str] | None = None) -> int:
+    """VLLM_CPU_NUM_OF_RESERVED_CPU: CPUs per rank kept from OpenMP (with `auto`);
+    default 0 for one rank, else 1."""
+    env = _env(env)
+    raw = env.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "").strip()
+    if not raw:
+        return 0 if world_size == 1 else 1
+    if not raw.isdigit():
+        raise EnvError(f"VLLM_CPU_NUM_OF_RESERVED_CPU={raw!r} must be a whole number >= 0")
+    return int(raw)
+
+
+def visible_memory_nodes(env: Mapping[str, str] | None = None) -> list[int] | None:
+    """CPU_VISIBLE_MEMORY_NODES: NUMA nodes the workers may use (with `auto`); all if unset."""
+    env = _env(env)
+    raw = env.get("CPU_VISIBLE_MEMORY_NODES", "").strip()
+    return parse_cpu_list(raw, "CPU_VISIBLE_MEMORY_NODES") if raw else None
+
+
+def zentorch_weight_prepack(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_ZENTORCH_WEIGHT_PREPACK: prepack linear weights at load on AMD Zen (default 1)."""
+    env = _env(env)
+    raw = env.get("VLLM_ZENTORCH_WEIGHT_PREPACK", "1").strip().lower()
+    if raw not in ("0", "1", "true", "false"):
+        raise EnvError(f"VLLM_ZENTORCH_WEIGHT_PREPACK={raw!r}: use 1 or 0")
+    return raw in ("1", "true")
+
+
+def sysfs_root(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_SYSFS_ROOT: where /sys and /proc are read from (tests point it at a
+    fake tree); default `/`."""
+    return _env(env).get("VLLM_SYSFS_ROOT", "").strip() or "/"

@@ -171,3 +171,48 @@ class MotoServer:
     def close(self):
         self.proc.terminate()
         self.proc.wait(timeout=30)
+
+
+WORDS = ("the a of to and in is it you that he was for on are with as his they be at one have "
+         "this from or had by hot word but what some we can out other were all there when up "
+         "use your how said an each she which do their time if will way about many then them "
+         "write would like so these her long make thing see him two has look more day could go "
+         "come did number sound no most people my over know water than call first who may down "
+         "side been now find").split()
+
+
+def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, hidden: int = 64,
+                    layers: int = 2, heads: int = 4, kv_heads: int = 2, inter: int = 128,
+                    max_pos: int = 512) -> Path:
+    """A small random Llama-family checkpoint (transformers, fixed seed) with a
+    word-level tokenizer.json built by the tokenizers library."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.decoder = decoders.WordPiece(prefix="##")
+    cfg_cls, model_cls = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    }[model_type]
+    config = getattr(transformers, cfg_cls)(
+        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=inter,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_pos, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=False, head_dim=hidden // heads)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():  # random weights large enough that logits are not near-ties
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder

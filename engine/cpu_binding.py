@@ -1,0 +1,119 @@
+"""Bind each rank's OpenMP threads to CPUs (VLLM_CPU_OMP_THREADS_BIND).
+
+`auto` reads the NUMA topology from sysfs (under VLLM_SYSFS_ROOT, so tests use
+a fake tree), takes one CPU per physical core of the rank's node, and keeps
+VLLM_CPU_NUM_OF_RESERVED_CPU of them free; a CPU list is checked against the
+CPUs that exist and are allowed to this process; `nobind` leaves
+OMP_NUM_THREADS in charge. The binding applied is logged once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from engine import envs
+
+logger = logging.getLogger("engine")
+
+
+@dataclass(frozen=True)
+class Binding:
+    cpus: tuple[int, ...] | None  # None: nobind
+    description: str
+
+
+def _read(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel).read_text().strip()
+    except OSError:
+        return None
+
+
+def online_cpus(root: Path) -> list[int]:
+    text = _read(root, "sys/devices/system/cpu/online")
+    if text:
+        return envs.parse_cpu_list(text, "/sys/devices/system/cpu/online")
+    return list(range(os.cpu_count() or 1))
+
+
+def numa_nodes(root: Path) -> dict[int, list[int]]:
+    base = root / "sys/devices/system/node"
+    nodes = {}
+    if base.is_dir():
+        for d in sorted(base.glob("node[0-9]*")):
+            text = _read(d, "cpulist")
+            if text:
+                nodes[int(d.name[4:])] = envs.parse_cpu_list(text, f"{d}/cpulist")
+    return nodes or {0: online_cpus(root)}
+
+
+def physical_cores(root: Path, cpus: list[int]) -> list[int]:
+    """One CPU (the first hyper-thread sibling) per physical core."""
+    out, seen = [], set()
+    for cpu in cpus:
+        text = _read(root, f"sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        siblings = tuple(envs.parse_cpu_list(text, "thread_siblings_list")) if text else (cpu,)
+        if siblings not in seen:
+            seen.add(siblings)
+            out.append(cpu)
+    return out
+
+
+def plan(rank: int = 0, world_size: int = 1, env: Mapping[str, str] | None = None,
+         allowed: set[int] | None = None) -> Binding:
+    env = os.environ if env is None else env
+    root = Path(envs.sysfs_root(env))
+    mode = envs.omp_threads_bind(env)
+    allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
+    if mode == "nobind":
+        return Binding(None, f"nobind: OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}")
+    if isinstance(mode, list):
+        if rank >= len(mode):
+            raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND names {len(mode)} rank(s) but rank "
+                                f"{rank} of {world_size} needs one")
+        cpus = mode[rank]
+        exist = set(online_cpus(root))
+        if missing := sorted(set(cpus) - exist):
+            raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND: CPUs {missing} do not exist "
+                                f"(online: {min(exist)}-{max(exist)})")
+        if denied := sorted(set(cpus) - allowed):
+            raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND: CPUs {denied} are not allowed to "
+                                "this process (see taskset / cgroup cpusets)")
+        return Binding(tuple(cpus), f"rank {rank}: CPUs {cpus} (from VLLM_CPU_OMP_THREADS_BIND)")
+    nodes = numa_nodes(root)
+    visible = envs.visible_memory_nodes(env)
+    if visible is not None:
+        if unknown := sorted(set(visible) - set(nodes)):
+            raise envs.EnvError(f"CPU_VISIBLE_MEMORY_NODES names nodes {unknown} that do not "
+                                f"exist (nodes: {sorted(nodes)})")
+        order = visible
+    else:
+        order = sorted(nodes)
+    node = order[rank % len(order)]
+    cores = [c for c in physical_cores(root, nodes[node]) if c in allowed]
+    reserved = envs.num_reserved_cpus(world_size, env)
+    if reserved >= len(cores):
+        raise envs.EnvError(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved} leaves no CPU for rank "
+                            f"{rank} on NUMA node {node} ({len(cores)} usable cores)")
+    cpus = cores[: len(cores) - reserved]
+    return Binding(tuple(cpus), f"rank {rank}: NUMA node {node}, one thread per physical "
+                                f"core: CPUs {cpus}" + (f", {reserved} reserved" if reserved else ""))
+
+
+_applied: Binding | None = None
+
+
+def apply(binding: Binding) -> None:
+    """Pin this process and size torch's OpenMP pool; logs the first binding."""
+    import torch
+
+    global _applied
+    if binding.cpus is not None:
+        os.sched_setaffinity(0, binding.cpus)
+        torch.set_num_threads(len(binding.cpus))
+    if _applied is None:
+        logger.info("CPU thread binding: %s", binding.description)
+    _applied = binding

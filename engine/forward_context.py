@@ -1,0 +1,29 @@
+"""What the attention layers need to know about the batch being run: set by
+the model runner around each forward pass, read by every attention layer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardContext:
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [tokens] int64: where each token's K/V goes
+    cu_seqlens: list[int] | None = None  # prefill: token offsets of each sequence
+    block_tables: torch.Tensor | None = None  # decode: [seqs, max_blocks] int32
+    seq_lens: torch.Tensor | None = None  # decode: [seqs] int32
+
+
+_current: ForwardContext | None = None
+
+
+def set_context(ctx: ForwardContext | None) -> None:
+    global _current
+    _current = ctx
+
+
+def get_context() -> ForwardContext:
+    assert _current is not None, "attention ran outside of a model runner step"
+    return _current

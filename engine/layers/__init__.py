@@ -1,0 +1,1 @@
+"""Layers: each a thin call into the compiled ops (engine.ops)."""

@@ -1,0 +1,29 @@
+"""Greedy, temperature, top-k and top-p sampling, with a generator per request."""
+from __future__ import annotations
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int]:
+    logits = logits.float()
+    out = []
+    for row, p, g in zip(logits, params, generators):
+        if p.temperature == 0.0 or p.top_k == 1:
+            out.append(int(torch.argmax(row)))
+            continue
+        row = row / p.temperature
+        if 0 < p.top_k < row.numel():
+            kth = torch.topk(row, p.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, idx = torch.sort(row, descending=True)
+            probs = torch.softmax(sorted_logits, -1)
+            # drop tokens once the ones before them already reach top_p
+            drop = probs.cumsum(-1) - probs >= p.top_p
+            row = row.scatter(0, idx[drop], float("-inf"))
+        probs = torch.softmax(row, -1)
+        out.append(int(torch.multinomial(probs, 1, generator=g)))
+    return out

@@ -1,0 +1,81 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k
+norms) over packed tokens: [tokens, hidden], sequences back to back."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.layers.activation import SiluAndMul
+from engine.layers.attention import Attention
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
+
+
+def _param(*shape, dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig, rotary: RotaryEmbedding, dtype: torch.dtype):
+        super().__init__()
+        self.c = c
+        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, c.hidden_size, dtype=dtype)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype) if c.qkv_bias else None
+        self.o_weight = _param(c.hidden_size, self.q_size, dtype=dtype)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.rotary = rotary
+        self.attn = Attention(c.num_heads, c.num_kv_heads, c.head_dim)
+        self.gate_up_weight = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
+        self.down_weight = _param(c.hidden_size, c.intermediate_size, dtype=dtype)
+        self.act = SiluAndMul()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, positions, x, residual):
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            hd = self.c.head_dim
+            q = self.q_norm(q.reshape(-1, hd)).view(-1, self.q_size)
+            k = self.k_norm(k.reshape(-1, hd)).view(-1, self.kv_size)
+        else:
+            q, k = q.contiguous(), k.contiguous()
+        self.rotary(positions, q, k)
+        x = F.linear(self.attn(q, k, v), self.o_weight)
+        x, residual = self.post_attention_layernorm(x, residual)
+        x = F.linear(self.act(F.linear(x, self.gate_up_weight)), self.down_weight)
+        return x, residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, c: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype)
+        rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(c, rotary, dtype) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = self.embed_tokens if c.tie_word_embeddings else _param(
+            c.vocab_size, c.hidden_size, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                last_token_index: torch.Tensor) -> torch.Tensor:
+        """Logits of the tokens at last_token_index (one per sequence)."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return F.linear(x[last_token_index], self.lm_head)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.attn for layer in self.layers]

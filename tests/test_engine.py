@@ -1,0 +1,306 @@
+"""The engine: a paged-KV model runner that matches transformers token for
+token, sampling, platforms, and every run-time variable."""
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import cpu_binding, envs, platforms, preload
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from helpers import WORDS, make_checkpoint
+
+PROMPTS = ["the a of to and in is it you", "he was", "people my over know water than call "
+           "first who may down side been now find the a of to and in is it you that he was for "
+           "on are with as his they", "one have this from or had by hot word but", "water",
+           "look more day could go come did number sound no most"]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {t: make_checkpoint(root / t, t, seed=i) for i, t in
+            enumerate(("llama", "mistral", "qwen2", "qwen3"))}
+
+
+def hf_greedy(path: Path, prompt_ids: list[int], n: int) -> list[int]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def make_llm(path, **kw) -> LLM:
+    kw.setdefault("block_size", 32)
+    kw.setdefault("num_kv_blocks", 64)
+    return LLM(model=path, dtype="float32", bind_threads=False, **kw)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+def test_greedy_matches_transformers(checkpoints, model_type):
+    llm = make_llm(checkpoints[model_type])
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert [o.request_id for o in outs] == list(range(len(PROMPTS)))
+    for o in outs:
+        assert o.outputs[0].token_ids == hf_greedy(checkpoints[model_type], o.prompt_token_ids, 24)
+
+
+def test_greedy_matches_transformers_under_preemption(checkpoints):
+    # 6 blocks of 32 tokens for 6 sequences that each grow past one block
+    llm = make_llm(checkpoints["llama"], num_kv_blocks=6, max_model_len=128)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    assert llm.scheduler.num_preemptions > 0
+    for o in outs:
+        assert o.outputs[0].token_ids == hf_greedy(checkpoints["llama"], o.prompt_token_ids, 40)
+        assert o.outputs[0].finish_reason == "length"
+
+
+def test_batching_bounds_and_order(checkpoints):
+    llm = make_llm(checkpoints["llama"], max_num_seqs=2, max_num_batched_tokens=40)
+    ref = make_llm(checkpoints["llama"])
+    p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, p)] == \
+        [o.outputs[0].token_ids for o in ref.generate(PROMPTS, p)]
+
+
+def test_sampling_seed_top_k_top_p_and_stops(checkpoints):
+    llm = make_llm(checkpoints["llama"])
+    prompt = PROMPTS[0]
+
+    def gen(**kw):
+        return llm.generate(prompt, SamplingParams(max_tokens=12, ignore_eos=True, **kw))[0].outputs[0]
+
+    a, b = gen(temperature=1.0, seed=7), gen(temperature=1.0, seed=7)
+    assert a.token_ids == b.token_ids  # a per-request seed makes sampling repeatable
+    assert gen(temperature=1.0, seed=8).token_ids != a.token_ids or gen(temperature=1.0, seed=9).token_ids != a.token_ids
+    greedy = gen(temperature=0)
+    assert gen(temperature=0.7, top_k=1, seed=3).token_ids == greedy.token_ids
+    assert gen(temperature=0.7, top_p=1e-6, seed=3).token_ids == greedy.token_ids
+    stop_id = greedy.token_ids[3]
+    s = gen(temperature=0, stop_token_ids=[stop_id])
+    assert s.token_ids == greedy.token_ids[:greedy.token_ids.index(stop_id) + 1]
+    assert s.finish_reason == "stop"
+    word = greedy.text.split()[2]
+    t = gen(temperature=0, stop=[word])
+    assert t.finish_reason == "stop" and word not in t.text and greedy.text.startswith(t.text)
+    five = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    assert len(five.outputs[0].token_ids) == 5 and five.outputs[0].finish_reason == "length"
+
+
+def test_eos_stops_unless_ignored(checkpoints):
+    llm = make_llm(checkpoints["llama"])
+    greedy = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30,
+                                                     ignore_eos=True))[0].outputs[0].token_ids
+    llm.config = llm.config.__class__(**{**llm.config.__dict__, "eos_token_ids": (greedy[4],)})
+    out = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30))[0].outputs[0]
+    assert out.token_ids == greedy[:greedy.index(greedy[4]) + 1] and out.finish_reason == "stop"
+
+
+def test_sampling_params_validation():
+    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(max_tokens=0)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+def test_kv_cache_too_small_or_too_big(checkpoints, monkeypatch):
+    with pytest.raises(ValueError, match="cannot hold one sequence of the model's context"):
+        make_llm(checkpoints["llama"], num_kv_blocks=2)  # 64 tokens < 512 context
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "100000")
+    with pytest.raises(ValueError, match="asks for 100000.00 GiB of KV cache but only"):
+        LLM(model=checkpoints["llama"], dtype="float32", bind_threads=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    with pytest.raises(envs.EnvError, match="VLLM_CPU_KVCACHE_SPACE='lots' is not a number"):
+        LLM(model=checkpoints["llama"], dtype="float32", bind_threads=False)
+
+
+def test_bad_model_folder_and_prompt(tmp_path, checkpoints):
+    with pytest.raises(ValueError, match="has no config.json"):
+        LLM(model=tmp_path, bind_threads=False)
+    llm = make_llm(checkpoints["llama"], max_model_len=8)
+    with pytest.raises(ValueError, match="the model's context is 8"):
+        llm.generate("the a of to and in is it you that he was")
+    with pytest.raises(ValueError, match="block_size must be a positive multiple of 32"):
+        make_llm(checkpoints["llama"], block_size=16)
+
+
+# ---- run-time variables ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("value,gib", [("", 4), ("0", 4), ("2", 2), ("0.5", 0.5)])
+def test_kvcache_space_valid(value, gib):
+    assert envs.kvcache_space_bytes({"VLLM_CPU_KVCACHE_SPACE": value}) == int(gib * 2**30)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "nan", "inf"])
+def test_kvcache_space_invalid(value):
+    with pytest.raises(envs.EnvError, match="VLLM_CPU_KVCACHE_SPACE"):
+        envs.kvcache_space_bytes({"VLLM_CPU_KVCACHE_SPACE": value})
+
+
+@pytest.mark.parametrize("value,parsed", [
+    ("", "auto"), ("auto", "auto"), ("nobind", "nobind"), ("0-3", [[0, 1, 2, 3]]),
+    ("0,2,4-5", [[0, 2, 4, 5]]), ("0-1|2-3", [[0, 1], [2, 3]])])
+def test_threads_bind_valid(value, parsed):
+    assert envs.omp_threads_bind({"VLLM_CPU_OMP_THREADS_BIND": value}) == parsed
+
+
+@pytest.mark.parametrize("value,message", [
+    ("all", "is not a CPU list"), ("3-1", "runs backwards"), ("0,0", "names a CPU twice"),
+    ("0-3|2-5", "ranks share CPUs"), ("0-", "is not a CPU list")])
+def test_threads_bind_invalid(value, message):
+    with pytest.raises(envs.EnvError, match=message):
+        envs.omp_threads_bind({"VLLM_CPU_OMP_THREADS_BIND": value})
+
+
+def test_reserved_cpus_and_memory_nodes():
+    assert envs.num_reserved_cpus(1, {}) == 0 and envs.num_reserved_cpus(2, {}) == 1
+    assert envs.num_reserved_cpus(1, {"VLLM_CPU_NUM_OF_RESERVED_CPU": "2"}) == 2
+    with pytest.raises(envs.EnvError, match="whole number"):
+        envs.num_reserved_cpus(1, {"VLLM_CPU_NUM_OF_RESERVED_CPU": "-1"})
+    assert envs.visible_memory_nodes({"CPU_VISIBLE_MEMORY_NODES": "0,1"}) == [0, 1]
+    assert envs.visible_memory_nodes({}) is None
+    with pytest.raises(envs.EnvError, match="CPU_VISIBLE_MEMORY_NODES"):
+        envs.visible_memory_nodes({"CPU_VISIBLE_MEMORY_NODES": "x"})
+    with pytest.raises(envs.EnvError, match="VLLM_ZENTORCH_WEIGHT_PREPACK"):
+        envs.zentorch_weight_prepack({"VLLM_ZENTORCH_WEIGHT_PREPACK": "maybe"})
+    with pytest.raises(envs.EnvError, match="VLLM_CPU_ISA='sse'"):
+        envs.cpu_isa({"VLLM_CPU_ISA": "sse"})
+
+
+def fake_sysfs(root: Path) -> Path:
+    """2 NUMA nodes x 4 cores x 2 hyper-threads: CPUs 0-7 node 0, 8-15 node 1;
+    siblings are (n, n+4) within a node."""
+    def w(rel, text):
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text + "\n")
+
+    w("sys/devices/system/cpu/online", "0-15")
+    w("sys/devices/system/node/node0/cpulist", "0-7")
+    w("sys/devices/system/node/node1/cpulist", "8-15")
+    for base in (0, 8):
+        for i in range(4):
+            sib = f"{base + i},{base + i + 4}"
+            w(f"sys/devices/system/cpu/cpu{base + i}/topology/thread_siblings_list", sib)
+            w(f"sys/devices/system/cpu/cpu{base + i + 4}/topology/thread_siblings_list", sib)
+    return root
+
+
+def test_auto_binding_one_thread_per_physical_core(tmp_path):
+    env = {"VLLM_SYSFS_ROOT": str(fake_sysfs(tmp_path))}
+    every = set(range(16))
+    assert cpu_binding.plan(0, 1, env, every).cpus == (0, 1, 2, 3)
+    two = cpu_binding.plan(1, 2, env, every)  # 2 ranks: 1 reserved CPU each by default
+    assert two.cpus == (8, 9, 10) and "1 reserved" in two.description
+    assert cpu_binding.plan(0, 1, {**env, "CPU_VISIBLE_MEMORY_NODES": "1"}, every).cpus == (8, 9, 10, 11)
+    assert cpu_binding.plan(0, 1, env, every - {1}).cpus == (0, 2, 3)  # only allowed CPUs
+    with pytest.raises(envs.EnvError, match="nodes \\[5\\] that do not exist"):
+        cpu_binding.plan(0, 1, {**env, "CPU_VISIBLE_MEMORY_NODES": "5"}, every)
+    with pytest.raises(envs.EnvError, match="leaves no CPU"):
+        cpu_binding.plan(0, 1, {**env, "VLLM_CPU_NUM_OF_RESERVED_CPU": "4"}, every)
+
+
+def test_list_binding_is_validated(tmp_path):
+    env = {"VLLM_SYSFS_ROOT": str(fake_sysfs(tmp_path))}
+    every = set(range(16))
+    assert cpu_binding.plan(1, 2, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-3|8-11"}, every).cpus == (8, 9, 10, 11)
+    with pytest.raises(envs.EnvError, match="CPUs \\[16, 17\\] do not exist"):
+        cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "14-17"}, every)
+    with pytest.raises(envs.EnvError, match="not allowed to this process"):
+        cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-3"}, {4, 5})
+    with pytest.raises(envs.EnvError, match="rank 1 of 2 needs one"):
+        cpu_binding.plan(1, 2, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-3"}, every)
+    nobind = cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                                     "OMP_NUM_THREADS": "3"}, every)
+    assert nobind.cpus is None and "OMP_NUM_THREADS=3" in nobind.description
+
+
+def test_binding_applied_is_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(cpu_binding, "_applied", None)
+    allowed = sorted(__import__("os").sched_getaffinity(0))
+    b = cpu_binding.Binding(tuple(allowed), "test binding")
+    with caplog.at_level(logging.INFO, logger="engine"):
+        cpu_binding.apply(b)
+        cpu_binding.apply(b)
+    assert [r.message for r in caplog.records].count("CPU thread binding: test binding") == 1
+
+
+def test_preload_line(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libiomp5.so").write_text("")
+    (lib / "libtcmalloc_minimal.so.4").write_text("")
+    found = preload.find(dirs=[lib])
+    assert preload.export_line(found, source_build=False) == \
+        f"export LD_PRELOAD={lib}/libiomp5.so${{LD_PRELOAD:+:$LD_PRELOAD}}"
+    assert f"{lib}/libtcmalloc_minimal.so.4" in preload.export_line(found, source_build=True)
+    assert preload.export_line({}, True) is None
+
+
+# ---- platforms ------------------------------------------------------------------
+
+ZEN_CPUINFO = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx2 avx512f avx512bw\n"
+INTEL_CPUINFO = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse avx2 avx512f\n"
+
+
+def test_zen_platform_by_the_contract(tmp_path, monkeypatch, caplog):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "cpuinfo").write_text(ZEN_CPUINFO)
+    monkeypatch.setenv("VLLM_SYSFS_ROOT", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "zentorch", types.ModuleType("zentorch"))
+    monkeypatch.setattr(platforms, "_zentorch_importable", lambda: True)
+    platforms.current.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="engine"):
+            p = platforms.current()
+        assert isinstance(p, platforms.ZenCpuPlatform)
+        assert platforms.ZEN_LOG in caplog.text
+        with caplog.at_level(logging.WARNING, logger="engine"):
+            assert p.resolve_dtype(torch.float16) == torch.bfloat16
+        assert ("Your device 'cpu' doesn't support torch.float16. Falling back to "
+                "torch.bfloat16 for compatibility.") in caplog.text
+        assert p.resolve_dtype(torch.float32) == torch.float32
+    finally:
+        platforms.current.cache_clear()
+
+
+@pytest.mark.parametrize("device,cpuinfo,zen,expected", [
+    ("cpu", ZEN_CPUINFO, False, platforms.CpuPlatform),  # no zentorch
+    ("cpu", INTEL_CPUINFO, True, platforms.CpuPlatform),  # not AMD
+    ("cpu", "vendor_id: AuthenticAMD\nflags: avx2\n", True, platforms.CpuPlatform),  # no avx512
+    ("cuda", ZEN_CPUINFO, True, platforms.CudaPlatform),  # a CUDA wheel is never a CPU platform
+    ("rocm", "", False, platforms.RocmPlatform),
+    ("xpu", "", False, platforms.XpuPlatform),
+    ("empty", "", False, platforms.CpuPlatform),
+])
+def test_platform_choice(device, cpuinfo, zen, expected):
+    zen_ok = zen and platforms.is_zen_cpu(cpuinfo)
+    assert type(platforms.choose_platform(device, cpuinfo, zen_ok)) is expected
+
+
+def test_cpu_wheel_never_claims_cuda():
+    import engine
+
+    assert engine.BUILD_INFO.device == "cpu"
+    assert platforms.current().device_type == "cpu"
+
+
+def test_cli_generate_and_env(checkpoints, capsys):
+    from engine.cli import main
+
+    assert main(["generate", "--model", str(checkpoints["llama"]), "--dtype", "float32",
+                 "--block-size", "32", "--prompt", "the a of", "--max-tokens", "5"]) == 0
+    words = capsys.readouterr().out.split()
+    assert len(words) == 5 and set(words) <= set(WORDS)
+    assert main(["env"]) == 0
+    assert "platform_class" in capsys.readouterr().out
+    assert main(["generate", "--model", "/nonexistent", "--prompt", "x"]) == 2
+    assert "has no config.json" in capsys.readouterr().err

@@ -11,14 +11,15 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 
-# This file is named like the standard library's bisect module, which random
-# and tempfile import: keep its own folder off the import path.
-sys.path = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
+# Run as a script, this folder would come first on the import path, and its
+# bisect.py would shadow the standard library's; the repository root goes there.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import json  # noqa: E402
-import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -28,7 +29,7 @@ import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(1, str(REPO / "tests"))
 
 from helpers import make_wheel, torch_wheelhouse  # noqa: E402
 from tools import bisect as tb  # noqa: E402

@@ -11,9 +11,15 @@ clean rebuild with a warm cache under 30% of the cold build.
 from __future__ import annotations
 
 import os
+import sys
+
+# Run as a script, this folder would come first on the import path, and its
+# bisect.py would shadow the standard library's; the repository root goes there.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -9,15 +9,21 @@ the blocks and calling scaled_dot_product_attention.
 """
 from __future__ import annotations
 
+import os
+import sys
+
+# Run as a script, this folder would come first on the import path, and its
+# bisect.py would shadow the standard library's; the repository root goes there.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt_time, median_time  # noqa: E402
+from benchmarks.common import fmt_time, median_time  # noqa: E402
 
 import engine  # noqa: E402
 from engine import ops, reference  # noqa: E402

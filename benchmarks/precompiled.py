@@ -13,13 +13,19 @@ Targets: cold/empty <= 1.3, warm/empty <= 1.1, source/warm >= 10.
 """
 from __future__ import annotations
 
+import os
+import sys
+
+# Run as a script, this folder would come first on the import path, and its
+# bisect.py would shadow the standard library's; the repository root goes there.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,7 +33,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(1, str(REPO / "tests"))
 
 from helpers import torch_wheelhouse  # noqa: E402
 from wheel_index.publish import publish  # noqa: E402

@@ -117,7 +117,7 @@ class LLM:
 
     # ---- generation ----------------------------------------------------------
 
-    def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+    def generate(self, prompts=None, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  *, prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in prompt order. Prompts are strings,
         or token id lists (or given as prompt_token_ids=)."""

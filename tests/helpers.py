@@ -183,7 +183,8 @@ WORDS = ("the a of to and in is it you that he was for on are with as his they b
 
 def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, hidden: int = 64,
                     layers: int = 2, heads: int = 4, kv_heads: int = 2, inter: int = 128,
-                    max_pos: int = 512) -> Path:
+                    max_pos: int = 512, vocab_size: int | None = None,
+                    init_std: float = 0.2) -> Path:
     """A small random Llama-family checkpoint (transformers, fixed seed) with a
     word-level tokenizer.json built by the tokenizers library."""
     import torch
@@ -202,7 +203,7 @@ def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, h
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     }[model_type]
     config = getattr(transformers, cfg_cls)(
-        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=inter,
+        vocab_size=vocab_size or len(vocab), hidden_size=hidden, intermediate_size=inter,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=max_pos, bos_token_id=1, eos_token_id=2,
         tie_word_embeddings=False, head_dim=hidden // heads)
@@ -211,7 +212,7 @@ def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, h
     with torch.no_grad():  # random weights large enough that logits are not near-ties
         for p in model.parameters():
             if p.dim() == 2:
-                p.normal_(0, 0.2)
+                p.normal_(0, init_std)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))

@@ -7,10 +7,10 @@ from engine import ops
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: rms_norm(x). With it: residual += x, then

@@ -25,15 +25,15 @@ class DecoderLayer(nn.Module):
         self.qkv_weight = _param(self.q_size + 2 * self.kv_size, c.hidden_size, dtype=dtype)
         self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype) if c.qkv_bias else None
         self.o_weight = _param(c.hidden_size, self.q_size, dtype=dtype)
-        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
-        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.rotary = rotary
         self.attn = Attention(c.num_heads, c.num_kv_heads, c.head_dim)
         self.gate_up_weight = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
         self.down_weight = _param(c.hidden_size, c.intermediate_size, dtype=dtype)
         self.act = SiluAndMul()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
 
     def forward(self, positions, x, residual):
         if residual is None:
@@ -63,7 +63,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype)
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta, dtype)
         self.layers = nn.ModuleList(DecoderLayer(c, rotary, dtype) for _ in range(c.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.lm_head = self.embed_tokens if c.tie_word_embeddings else _param(
             c.vocab_size, c.hidden_size, dtype=dtype)
 

@@ -74,9 +74,27 @@ inline at::Tensor rows_input(const at::Tensor& t, int64_t hidden) {
 inline void check_range(const at::Tensor& idx, int64_t lo_ok, int64_t hi_excl, const char* op,
                         const char* what_msg) {
   if (idx.numel() == 0) return;
-  auto mm = at::aminmax(idx);
-  const int64_t lo = std::get<0>(mm).item<int64_t>();
-  const int64_t hi = std::get<1>(mm).item<int64_t>();
+  int64_t lo, hi;
+  if (idx.device().is_cpu() && idx.is_contiguous()) {
+    // A scan on the host: cheaper than two reductions for the small index
+    // tensors these are, and these checks run in every layer of every step.
+    auto scan = [&](const auto* p) {
+      lo = hi = static_cast<int64_t>(p[0]);
+      for (int64_t i = 1; i < idx.numel(); ++i) {
+        const int64_t v = static_cast<int64_t>(p[i]);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+      }
+    };
+    if (idx.scalar_type() == at::kLong)
+      scan(idx.const_data_ptr<int64_t>());
+    else
+      scan(idx.const_data_ptr<int32_t>());
+  } else {
+    auto mm = at::aminmax(idx);
+    lo = std::get<0>(mm).item<int64_t>();
+    hi = std::get<1>(mm).item<int64_t>();
+  }
   TORCH_CHECK_INDEX(lo >= lo_ok && hi < hi_excl, op, ": ", what_msg, " range over [", lo, ", ",
                     hi, "] but must lie in [", lo_ok, ", ", hi_excl, ")");
 }
@@ -306,13 +324,28 @@ inline Attention prepare_paged_attention(const at::Tensor& out, const at::Tensor
     check_range(seq_lens, 0, max_blocks * c.block_size + 1, op,
                 "seq_lens (must fit block_tables' blocks)");
     // Every block a sequence uses must lie inside the cache.
-    at::Tensor blocks_used = seq_lens.add(c.block_size - 1).div(c.block_size, "floor");
-    at::Tensor used =
-        at::arange(max_blocks, block_tables.options()).unsqueeze(0).lt(blocks_used.unsqueeze(1));
-    at::Tensor bad = block_tables.lt(0).logical_or(block_tables.ge(c.blocks)).logical_and(used);
-    TORCH_CHECK_INDEX(!at::any(bad).item<bool>(), op,
-                      ": block_tables has an entry that points outside the cache's ", c.blocks,
-                      " blocks");
+    bool bad_entry = false;
+    if (block_tables.device().is_cpu()) {
+      const int32_t* bt = block_tables.const_data_ptr<int32_t>();
+      const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
+      for (int64_t s = 0; s < seqs && !bad_entry; ++s)
+        for (int64_t b = 0; b < (sl[s] + c.block_size - 1) / c.block_size; ++b) {
+          const int32_t blk = bt[s * max_blocks + b];
+          if (blk < 0 || blk >= c.blocks) {
+            bad_entry = true;
+            break;
+          }
+        }
+    } else {
+      at::Tensor blocks_used = seq_lens.add(c.block_size - 1).div(c.block_size, "floor");
+      at::Tensor used = at::arange(max_blocks, block_tables.options())
+                            .unsqueeze(0)
+                            .lt(blocks_used.unsqueeze(1));
+      at::Tensor bad = block_tables.lt(0).logical_or(block_tables.ge(c.blocks)).logical_and(used);
+      bad_entry = at::any(bad).item<bool>();
+    }
+    TORCH_CHECK_INDEX(!bad_entry, op, ": block_tables has an entry that points outside the "
+                      "cache's ", c.blocks, " blocks");
   }
   return {dt, c, seqs, heads, max_blocks};
 }

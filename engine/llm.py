@@ -18,6 +18,7 @@ import torch
 from engine import cpu_binding, envs, preload
 from engine.block_manager import BlockManager
 from engine.config import ModelConfig
+from engine.layers.linear import prepack_available
 from engine.loader import load_weights
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.models.llama import LlamaForCausalLM
@@ -62,7 +63,7 @@ class LLM:
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", *, block_size: int = 128,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, num_kv_blocks: int | None = None,
-                 bind_threads: bool = True):
+                 bind_threads: bool = True, prepack_weights: bool | None = None):
         self.path = Path(model)
         self.config = ModelConfig.from_dir(self.path)
         platform = current_platform()
@@ -86,6 +87,10 @@ class LLM:
         self.model = LlamaForCausalLM(self.config, self.dtype).to(device)
         load_weights(self.model, self.path)
         self.model.eval()
+        if prepack_weights is None:
+            prepack_weights = platform.device_type == "cpu" and prepack_available()
+        if prepack_weights:
+            self.model.prepack()
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_num_seqs,
                                    max(max_num_batched_tokens or 8192, self.max_model_len))

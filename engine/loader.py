@@ -11,13 +11,13 @@ from engine.models.llama import LlamaForCausalLM
 
 # checkpoint name suffix -> (our parameter, shard index in a fused parameter)
 _FUSED = {
-    "self_attn.q_proj.weight": ("qkv_weight", 0), "self_attn.k_proj.weight": ("qkv_weight", 1),
-    "self_attn.v_proj.weight": ("qkv_weight", 2), "self_attn.q_proj.bias": ("qkv_bias", 0),
-    "self_attn.k_proj.bias": ("qkv_bias", 1), "self_attn.v_proj.bias": ("qkv_bias", 2),
-    "mlp.gate_proj.weight": ("gate_up_weight", 0), "mlp.up_proj.weight": ("gate_up_weight", 1),
+    "self_attn.q_proj.weight": ("qkv.weight", 0), "self_attn.k_proj.weight": ("qkv.weight", 1),
+    "self_attn.v_proj.weight": ("qkv.weight", 2), "self_attn.q_proj.bias": ("qkv.bias", 0),
+    "self_attn.k_proj.bias": ("qkv.bias", 1), "self_attn.v_proj.bias": ("qkv.bias", 2),
+    "mlp.gate_proj.weight": ("gate_up.weight", 0), "mlp.up_proj.weight": ("gate_up.weight", 1),
 }
 _PLAIN = {
-    "self_attn.o_proj.weight": "o_weight", "mlp.down_proj.weight": "down_weight",
+    "self_attn.o_proj.weight": "o_proj.weight", "mlp.down_proj.weight": "down.weight",
     "input_layernorm.weight": "input_layernorm.weight",
     "post_attention_layernorm.weight": "post_attention_layernorm.weight",
     "self_attn.q_norm.weight": "q_norm.weight", "self_attn.k_norm.weight": "k_norm.weight",
@@ -54,9 +54,7 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
                                          f"the model expects {tuple(view.shape)}")
                     view.copy_(tensor)
                     loaded.add(target if isinstance(target, str) else key)
-    missing = [n for n in params if n not in loaded and not n.endswith(".lm_head")]
-    if model.config.tie_word_embeddings:
-        missing = [n for n in missing if n != "lm_head"]
+    missing = [n for n in params if n not in loaded]
     if missing:
         raise ValueError(f"{path}: the checkpoint lacks weights for {missing[:5]}")
 
@@ -65,7 +63,7 @@ def _target(model: LlamaForCausalLM, key: str):
     if key == "model.embed_tokens.weight":
         return "embed_tokens", None
     if key == "lm_head.weight":
-        return (None, None) if model.config.tie_word_embeddings else ("lm_head", None)
+        return (None, None) if model.config.tie_word_embeddings else ("lm_head.weight", None)
     if key == "model.norm.weight":
         return "norm.weight", None
     if not key.startswith("model.layers."):

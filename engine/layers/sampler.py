@@ -9,10 +9,11 @@ from engine.sampling_params import SamplingParams
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int]:
     logits = logits.float()
+    greedy = torch.argmax(logits, dim=-1).tolist()  # one call for the whole batch
     out = []
-    for row, p, g in zip(logits, params, generators):
+    for row, p, g, best in zip(logits, params, generators, greedy):
         if p.temperature == 0.0 or p.top_k == 1:
-            out.append(int(torch.argmax(row)))
+            out.append(best)
             continue
         row = row / p.temperature
         if 0 < p.top_k < row.numel():

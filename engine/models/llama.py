@@ -9,6 +9,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import Attention
+from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -22,15 +23,14 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.c = c
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, c.hidden_size, dtype=dtype)
-        self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype) if c.qkv_bias else None
-        self.o_weight = _param(c.hidden_size, self.q_size, dtype=dtype)
+        self.qkv = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.qkv_bias, dtype)
+        self.o_proj = Linear(self.q_size, c.hidden_size, False, dtype)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.rotary = rotary
         self.attn = Attention(c.num_heads, c.num_kv_heads, c.head_dim)
-        self.gate_up_weight = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
-        self.down_weight = _param(c.hidden_size, c.intermediate_size, dtype=dtype)
+        self.gate_up = Linear(c.hidden_size, 2 * c.intermediate_size, False, dtype)
+        self.down = Linear(c.intermediate_size, c.hidden_size, False, dtype)
         self.act = SiluAndMul()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
@@ -41,18 +41,16 @@ class DecoderLayer(nn.Module):
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = self.qkv(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             hd = self.c.head_dim
             q = self.q_norm(q.reshape(-1, hd)).view(-1, self.q_size)
             k = self.k_norm(k.reshape(-1, hd)).view(-1, self.kv_size)
-        else:
-            q, k = q.contiguous(), k.contiguous()
-        self.rotary(positions, q, k)
-        x = F.linear(self.attn(q, k, v), self.o_weight)
+        self.rotary(positions, q, k)  # in place, through the strided views of qkv
+        x = self.o_proj(self.attn(q, k, v))
         x, residual = self.post_attention_layernorm(x, residual)
-        x = F.linear(self.act(F.linear(x, self.gate_up_weight)), self.down_weight)
+        x = self.down(self.act(self.gate_up(x)))
         return x, residual
 
 
@@ -64,8 +62,9 @@ class LlamaForCausalLM(nn.Module):
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta, dtype)
         self.layers = nn.ModuleList(DecoderLayer(c, rotary, dtype) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.lm_head = self.embed_tokens if c.tie_word_embeddings else _param(
-            c.vocab_size, c.hidden_size, dtype=dtype)
+        self.lm_head = Linear(c.hidden_size, c.vocab_size, False, dtype)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 last_token_index: torch.Tensor) -> torch.Tensor:
@@ -75,7 +74,13 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
-        return F.linear(x[last_token_index], self.lm_head)
+        return self.lm_head(x[last_token_index])
+
+    def prepack(self) -> None:
+        """oneDNN-packed weights for every linear layer (CPU)."""
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.prepack()
 
     def attention_layers(self) -> list[Attention]:
         return [layer.attn for layer in self.layers]

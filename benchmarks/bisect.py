@@ -31,7 +31,7 @@ from pathlib import Path  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO / "tests"))
 
-from helpers import make_wheel, torch_wheelhouse  # noqa: E402
+from helpers import torch_wheelhouse  # noqa: E402
 from tools import bisect as tb  # noqa: E402
 from wheel_index.publish import publish  # noqa: E402
 from wheel_index.storage import open_storage  # noqa: E402

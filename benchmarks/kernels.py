@@ -19,7 +19,6 @@ sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath
 
 import argparse
 import math
-from pathlib import Path
 
 import torch
 

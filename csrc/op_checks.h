@@ -107,20 +107,29 @@ struct Rows {
   int64_t rows, width;
 };
 
-inline Rows prepare_rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-                             double epsilon, c10::DeviceType device) {
-  const char* op = "rms_norm";
-  auto dt = dtype_of(input, device, op, "input");
-  check_like(out, input, op, "result", "input");
+// The checks both norms share: input, a second tensor of input's shape (the
+// result, or the residual), and a weight of the hidden size. Returns hidden.
+inline int64_t check_norm(const at::Tensor& input, const at::Tensor& other,
+                          const at::Tensor& weight, double epsilon, const char* op,
+                          const char* other_name) {
+  check_like(other, input, op, other_name, "input");
   check_like(weight, input, op, "weight", "input");
   TORCH_CHECK_VALUE(input.dim() >= 1, op, ": input must have at least 1 dimension");
   const int64_t hidden = input.size(-1);
   TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == hidden && weight.is_contiguous(), op,
                     ": weight must be a contiguous 1-D tensor of size ", hidden,
                     " (input's last dimension), got shape ", weight.sizes());
-  TORCH_CHECK_VALUE(out.sizes() == input.sizes(), op, ": result has shape ", out.sizes(),
-                    " but input has shape ", input.sizes());
+  TORCH_CHECK_VALUE(other.sizes() == input.sizes(), op, ": ", other_name, " has shape ",
+                    other.sizes(), " but input has shape ", input.sizes());
   TORCH_CHECK_VALUE(epsilon >= 0, op, ": epsilon must be >= 0, got ", epsilon);
+  return hidden;
+}
+
+inline Rows prepare_rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                             double epsilon, c10::DeviceType device) {
+  const char* op = "rms_norm";
+  auto dt = dtype_of(input, device, op, "input");
+  const int64_t hidden = check_norm(input, out, weight, epsilon, op, "result");
   if (input.numel() == 0) return {dt, {}, {}, 0, hidden};
   at::Tensor in2 = rows_input(input, hidden);
   return {dt, in2, rows_view(out, hidden, op, "result"), in2.size(0), hidden};
@@ -131,16 +140,7 @@ inline Rows prepare_fused_add_rms_norm(at::Tensor& input, at::Tensor& residual,
                                        c10::DeviceType device) {
   const char* op = "fused_add_rms_norm";
   auto dt = dtype_of(input, device, op, "input");
-  check_like(residual, input, op, "residual", "input");
-  check_like(weight, input, op, "weight", "input");
-  TORCH_CHECK_VALUE(input.dim() >= 1, op, ": input must have at least 1 dimension");
-  const int64_t hidden = input.size(-1);
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == hidden && weight.is_contiguous(), op,
-                    ": weight must be a contiguous 1-D tensor of size ", hidden,
-                    ", got shape ", weight.sizes());
-  TORCH_CHECK_VALUE(residual.sizes() == input.sizes(), op, ": residual has shape ",
-                    residual.sizes(), " but input has shape ", input.sizes());
-  TORCH_CHECK_VALUE(epsilon >= 0, op, ": epsilon must be >= 0, got ", epsilon);
+  const int64_t hidden = check_norm(input, residual, weight, epsilon, op, "residual");
   if (input.numel() == 0) return {dt, {}, {}, 0, hidden};
   at::Tensor in2 = rows_view(input, hidden, op, "input");
   return {dt, in2, rows_view(residual, hidden, op, "residual"), in2.size(0), hidden};

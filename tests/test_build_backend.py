@@ -3,7 +3,6 @@ the PEP 517 hooks' requirements and config settings, use_existing_torch.py."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import use_existing_torch
 from tools import build_backend
 from tools.build_settings import resolve
 from tools.errors import UserError
-from tools.requirements import build_requirements, read_requirements, runtime_requirements
+from tools.requirements import read_requirements, runtime_requirements
 from tools.version import with_variant
 
 REPO = Path(__file__).resolve().parent.parent

@@ -32,7 +32,8 @@ from wheel_index.layout import (
     project_dir,
 )
 from wheel_index.storage import Storage
-from wheel_index.wheels import InspectedWheel, WheelEntry, inspect_wheel, sha256_file
+from tools.hashing import sha256_file
+from wheel_index.wheels import InspectedWheel, WheelEntry, inspect_wheel
 
 CONVERGE_ATTEMPTS = 8
 

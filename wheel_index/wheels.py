@@ -2,7 +2,6 @@
 well-formed vllm-engine wheel whose name, metadata and build info agree."""
 from __future__ import annotations
 
-import hashlib
 import json
 import zipfile
 from dataclasses import asdict, dataclass
@@ -49,14 +48,6 @@ class WheelEntry:
     @classmethod
     def from_json(cls, data: bytes) -> "WheelEntry":
         return cls(**json.loads(data))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def variant_of(version: Version) -> str:

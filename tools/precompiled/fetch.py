@@ -11,6 +11,7 @@ from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from tools.errors import UserError
+from tools.hashing import sha256_file
 
 TIMEOUT = (10, 120)  # connect, read (seconds)
 
@@ -22,16 +23,8 @@ def cache_dir(env: Mapping[str, str]) -> Path:
     return Path(base) / "vllm-engine" / "precompiled"
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _check(path: Path, want: str | None, source: str) -> None:
-    if want and sha256_of(path) != want:
+    if want and sha256_file(path) != want:
         raise UserError(f"{source}: sha256 mismatch (expected {want}); the file is corrupt or "
                         "was replaced. Nothing was installed.")
 
@@ -92,7 +85,7 @@ def fetch(url: str, sha256: str | None, env: Mapping[str, str], log=print) -> Pa
     name = unquote(Path(urlparse(url).path).name)
     if sha256:
         cached = cache_dir(env) / sha256 / name
-        if cached.is_file() and sha256_of(cached) == sha256:
+        if cached.is_file() and sha256_file(cached) == sha256:
             log(f"vllm-engine: {name} from the cache ({cached.parent})")
             return cached
     import requests

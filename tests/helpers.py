@@ -139,7 +139,9 @@ def make_wheel(folder: Path, version: str, *, commit: str = "0" * 40, variant: s
     out = folder / f"{name}-{version}-cp38-abi3-{platform}.whl"
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, text in files.items():
-            zf.writestr(path, text)
+            # a fixed timestamp: the same arguments always give the same bytes
+            zf.writestr(zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0)), text,
+                        compress_type=zipfile.ZIP_DEFLATED)
     return out
 
 

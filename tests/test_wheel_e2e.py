@@ -113,8 +113,14 @@ def test_uv_editable_and_regular_install(source_copy: Path, torch_mirror: str, t
     for mode in (["-e"], []):
         venv = tmp_path / ("editable" if mode else "regular")
         py = make_venv(venv)
-        run([UV, "pip", "install", "-q", "--python", py, *mode, source_copy,
-             *_mirror_args(torch_mirror)], env={"VLLM_TARGET_DEVICE": "cpu"})
+        res = run([UV, "pip", "install", "-v", "--python", py, *mode, source_copy,
+                   *_mirror_args(torch_mirror)], env={"VLLM_TARGET_DEVICE": "cpu"})
+        # every torch resolved (the isolated build environment's included) is the
+        # cpu build, and no CUDA library was selected
+        picked = re.findall(r"Selecting: (\S+)", res.stderr)
+        torches = [p for p in picked if p.startswith("torch==")]
+        assert torches and set(torches) == {"torch==2.13.0+cpu"}, torches
+        assert not [p for p in picked if p.startswith("nvidia-")], picked
         out = run([py, "-c", smoke], cwd=tmp_path).stdout.split()
         assert out[0] == "cpu" and out[1] in ("avx512", "avx2")
         expected_root = source_copy if mode else venv
@@ -133,3 +139,24 @@ def test_empty_editable_install_compiles_nothing(source_copy: Path, torch_mirror
     out = run([py, "-c", "import engine; print(engine.BUILD_INFO.variant, engine.__version__)"],
               cwd=tmp_path).stdout.split()
     assert out[0] == "empty" and out[1].endswith(".empty")
+
+
+def test_use_existing_torch_keeps_the_installed_torch(tmp_path, torch_mirror):
+    src = copy_source_tree(tmp_path / "src")
+    out = run([sys.executable, "use_existing_torch.py"], cwd=src).stdout
+    assert "requirements/torch/cpu.txt: removed: torch==2.13.0+cpu" in out
+    py = make_venv(tmp_path / "venv", "torch==2.13.0+cpu", "scikit-build-core>=0.11",
+                   "setuptools-scm>=8", "cmake>=3.26", "ninja", "packaging",
+                   extra_args=_mirror_args(torch_mirror))
+    probe = ("import os, torch; s = os.stat(torch.__file__); "
+             "print(torch.__version__, torch.__file__, s.st_ino, s.st_mtime_ns)")
+    before = run([py, "-c", probe], cwd=tmp_path).stdout
+    res = run([UV, "pip", "install", "-v", "--python", py, "--no-build-isolation", "-e", src],
+              env={"VLLM_TARGET_DEVICE": "cpu"})
+    assert not re.search(r"^\s*[-+] torch==", res.stderr, re.M), "torch was reinstalled"
+    assert run([py, "-c", probe], cwd=tmp_path).stdout == before  # same version, same file
+    meta = run([py, "-c", "import importlib.metadata as m; print(m.requires('vllm-engine'))"],
+               cwd=tmp_path).stdout
+    assert "torch==" not in meta  # the wheel pins nothing: it uses the torch that is there
+    run([py, "-c", "import torch, engine; x = torch.randn(2, 8); o = torch.empty_like(x); "
+                   "engine.ops.rms_norm(o, x, torch.ones(8), 1e-6)"], cwd=tmp_path)

@@ -1,0 +1,110 @@
+"""Which precompiled wheel: in-process, on small git repositories (a branch,
+a worktree, a shallow clone, no git at all) and a folder index of synthetic
+wheels."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from helpers import make_wheel, run
+from tools.errors import UserError
+from tools.precompiled.select import choose_wheel
+from wheel_index.publish import publish
+from wheel_index.storage import open_storage
+
+
+def git(repo, *args):
+    return run(["git", *args], cwd=repo).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """main with 3 commits (a wheel for the first two), a feature branch off the second."""
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git(origin, "init", "-q", "-b", "main")
+    git(origin, "config", "user.email", "t@example.com")
+    git(origin, "config", "user.name", "t")
+    (origin / "csrc").mkdir()
+    commits = []
+    for i in range(3):
+        (origin / "csrc" / "k.cpp").write_text(f"// {min(i, 1)}\n")
+        (origin / "notes.txt").write_text(f"{i}\n")
+        git(origin, "add", "-A")
+        git(origin, "commit", "-qm", f"main {i}")
+        commits.append(git(origin, "rev-parse", "HEAD"))
+    git(origin, "checkout", "-q", "-b", "feature", commits[1])
+    (origin / "notes.txt").write_text("feature\n")
+    git(origin, "commit", "-qam", "feature work")
+    git(origin, "checkout", "-q", "main")
+    idx = open_storage(str(tmp_path / "index"))
+    for c in commits[:2]:
+        publish(idx, c, [make_wheel(tmp_path / "w" / c, f"0.1.dev1+g{c[:9]}.cpu", commit=c)],
+                commit_time="1", log=lambda m: None)
+    return origin, tmp_path / "index", commits
+
+
+def env(index, **kw):
+    return {"VLLM_PRECOMPILED_WHEEL_INDEX": str(index), "VLLM_PRECOMPILED_WHEEL_VARIANT": "cpu",
+            **kw}
+
+
+def test_branch_uses_its_merge_base(repo):
+    origin, index, commits = repo
+    git(origin, "checkout", "-q", "feature")
+    c = choose_wheel(origin, env(index, VLLM_PRECOMPILED_BASE_REF="main"), log=lambda m: None)
+    assert c.commit == commits[1] and c.fallback_from is None and c.sha256
+
+
+def test_worktree(repo, tmp_path):
+    origin, index, commits = repo
+    wt = tmp_path / "wt"
+    git(origin, "worktree", "add", "-q", str(wt), "feature")
+    c = choose_wheel(wt, env(index), log=lambda m: None)
+    assert c.commit == commits[1]
+
+
+def test_detached_head_and_fallback_along_main(repo):
+    origin, index, commits = repo
+    git(origin, "checkout", "-q", "--detach", commits[2])
+    said = []
+    c = choose_wheel(origin, env(index), log=said.append)
+    # commits[2] has no wheel; commits[1]'s kernels come from identical inputs
+    assert c.commit == commits[1] and c.fallback_from == commits[2]
+    assert any("identical" in m for m in said)
+
+
+def test_shallow_clone_says_what_to_run(repo, tmp_path):
+    origin, index, _ = repo
+    shallow = tmp_path / "shallow"
+    run(["git", "clone", "-q", "--depth", "1", "--no-single-branch", f"file://{origin}", shallow])
+    git(shallow, "checkout", "-q", "feature")
+    with pytest.raises(UserError, match="shallow clone.*git fetch --unshallow"):
+        choose_wheel(shallow, env(index), log=lambda m: None)
+
+
+def test_no_git_metadata_asks_for_a_commit_or_location(repo, tmp_path):
+    origin, index, _ = repo
+    tarball = tmp_path / "tarball"
+    shutil.copytree(origin, tarball, ignore=shutil.ignore_patterns(".git"))
+    with pytest.raises(UserError, match="VLLM_PRECOMPILED_WHEEL_COMMIT.*VLLM_PRECOMPILED_WHEEL_LOCATION"):
+        choose_wheel(tarball, env(index), log=lambda m: None)
+
+
+def test_explicit_commit_and_bad_values(repo):
+    origin, index, commits = repo
+    assert choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_COMMIT=commits[1]),
+                        log=lambda m: None).commit == commits[1]
+    # commits[0] was built from other kernels than this checkout has
+    with pytest.raises(UserError, match="changes compiled inputs since .*: csrc/k.cpp"):
+        choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_COMMIT=commits[0]),
+                     log=lambda m: None)
+    with pytest.raises(UserError, match="neither a full 40-hex commit nor 'nightly'"):
+        choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_COMMIT="abc"), log=lambda m: None)
+    with pytest.raises(UserError, match="no precompiled cpu wheel for " + commits[2]):
+        choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_COMMIT=commits[2]),
+                     log=lambda m: None)
+    with pytest.raises(UserError, match="valid variants"):
+        choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_VARIANT="cu118"),
+                     log=lambda m: None)

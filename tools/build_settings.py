@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -47,9 +48,17 @@ def target_variant(env: Mapping[str, str]) -> Variant:
     forced = env.get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
     if device and check_device(device) in ("cpu", "xpu", "empty") and not forced:
         return VARIANTS[device]
+    return _detected(tuple(sorted((k, v) for k, v in env.items() if k.startswith(
+        ("VLLM_", "ROCM_PATH", "CUDA")))))
+
+
+@lru_cache(maxsize=8)
+def _detected(relevant: tuple[tuple[str, str], ...]) -> Variant:
+    """Detection, once per process for the same settings: the metadata
+    provider and every hook ask, and probing may import torch."""
     from tools.target import detect
 
-    return detect(env).variant
+    return detect(dict(relevant)).variant
 
 
 def resolve(env: Mapping[str, str] | None = None) -> BuildSettings:

@@ -207,6 +207,8 @@ def test_cli_text_and_commands(tmp_path):
     res = run_cli("--commands", env={"VLLM_WHEEL_INDEX": "http://idx"}, root=tmp_path)
     assert "uv pip install vllm-engine --extra-index-url http://idx/nightly/cpu" in res.stdout
     assert "--torch-backend cpu" in res.stdout
+    default = run_cli("--commands", root=tmp_path).stdout  # the project's folder index
+    assert f"--extra-index-url {(REPO / 'index').as_uri()}/nightly/cpu" in default
 
 
 def test_cli_invalid_override_is_one_clear_line(tmp_path):

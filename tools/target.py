@@ -404,7 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     elif args.commands:
-        index = os.environ.get("VLLM_WHEEL_INDEX") or "<index-url>"
+        from tools.precompiled.select import DEFAULT_WHEEL_INDEX
+
+        # VLLM_WHEEL_INDEX names a team's index; else the folder ci/ publishes into.
+        index = os.environ.get("VLLM_WHEEL_INDEX") or DEFAULT_WHEEL_INDEX.as_uri()
         print("\n".join(install_commands(t, index)))
     else:
         print(f"device:            {info['device']}")

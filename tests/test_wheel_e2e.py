@@ -160,3 +160,18 @@ def test_use_existing_torch_keeps_the_installed_torch(tmp_path, torch_mirror):
     assert "torch==" not in meta  # the wheel pins nothing: it uses the torch that is there
     run([py, "-c", "import torch, engine; x = torch.randn(2, 8); o = torch.empty_like(x); "
                    "engine.ops.rms_norm(o, x, torch.ones(8), 1e-6)"], cwd=tmp_path)
+
+
+def test_disable_avx512_leaves_that_path_out(source_copy, torch_mirror, tmp_path):
+    py = make_venv(tmp_path / "venv", "torch==2.13.0+cpu", "scikit-build-core>=0.11",
+                   "setuptools-scm>=8", "cmake>=3.26", "ninja", "packaging", "numpy",
+                   "safetensors", "tokenizers", extra_args=_mirror_args(torch_mirror))
+    run([UV, "pip", "install", "-q", "--python", py, "--no-build-isolation", source_copy],
+        env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_DISABLE_AVX512": "1"})
+    out = run([py, "-c", "import torch, engine; print(engine.BUILD_INFO.code_paths, "
+                         "engine.ops.cpu_isa(), torch.ops._C.cpu_compiled_isas())"],
+              cwd=tmp_path).stdout
+    assert out.split() == ["('cpu-avx2',)", "avx2", "avx2"], out
+    res = run([py, "-c", "import engine"], env={"VLLM_CPU_ISA": "avx512"}, cwd=tmp_path,
+              check=False)
+    assert res.returncode != 0 and "CPU ISA 'avx512' is not compiled into this build" in res.stderr

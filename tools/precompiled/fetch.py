@@ -83,6 +83,8 @@ def fetch(url: str, sha256: str | None, env: Mapping[str, str], log=print) -> Pa
         _check(path, sha256, str(path))
         return path
     name = unquote(Path(urlparse(url).path).name)
+    if not name.endswith(".whl") or "/" in name or name.startswith("."):
+        raise UserError(f"{url} does not name a wheel file (…/<name>.whl)")
     if sha256:
         cached = cache_dir(env) / sha256 / name
         if cached.is_file() and sha256_file(cached) == sha256:

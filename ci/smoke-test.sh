@@ -7,7 +7,11 @@ set -euo pipefail
 wheel=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/ci/lib.sh"
-variant=$(basename "$wheel" | sed -E 's/^[^-]+-[^+-]+\+([^-]+)-.*/\1/; s/.*\.//')
+variant=$(cd "$REPO" && "$PYTHON" -c "
+import sys
+from packaging.utils import parse_wheel_filename
+from wheel_index.wheels import variant_of
+print(variant_of(parse_wheel_filename(sys.argv[1])[1]))" "$(basename "$wheel")")
 venv=$(mktemp -d)/venv
 trap 'rm -rf "$(dirname "$venv")"' EXIT
 "$UV" venv -q --python "$PYTHON" "$venv"

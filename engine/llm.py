@@ -128,6 +128,8 @@ class LLM:
         or token id lists (or given as prompt_token_ids=)."""
         if prompt_token_ids is not None:
             prompts = prompt_token_ids
+        if not prompts:
+            raise ValueError("generate() needs prompts (strings or token id lists)")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()

@@ -49,13 +49,24 @@ port=$("$PYTHON" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); 
 (cd "$REPO" && exec "$PYTHON" -m wheel_index serve --index "$index" --port "$port") >/dev/null &
 server_pid=$!
 for _ in $(seq 50); do
-  "$PYTHON" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/nightly/cpu/')" 2>/dev/null && break
+  # any HTTP answer (even 404 for /) means the server is up
+  "$PYTHON" -c "
+import urllib.error, urllib.request
+try:
+    urllib.request.urlopen('http://127.0.0.1:$port/')
+except urllib.error.HTTPError:
+    pass" 2>/dev/null && break
   sleep 0.2
 done
 "$UV" venv -q --python "$PYTHON" "$check/venv"
 torch_source cpu
 url=http://127.0.0.1:$port
-echo "contract: uv pip install vllm-engine --extra-index-url $url/nightly/cpu --index-strategy first-index --torch-backend cpu"
+# ci/publish.sh moves nightly only for a commit on main; elsewhere check the commit's own folder.
+folder=nightly
+if [ "$(git -C "$REPO" rev-parse --abbrev-ref HEAD)" != main ]; then
+  folder=$(git -C "$REPO" rev-parse HEAD)
+fi
+echo "contract: uv pip install vllm-engine --extra-index-url $url/$folder/cpu --index-strategy first-index --torch-backend cpu"
 if [ "${TORCH_SOURCE[0]:-}" = --find-links ]; then
   # PyTorch's index is not reachable from here: take torch from where ci/lib.sh found it.
   torch_args=("${TORCH_SOURCE[@]}")
@@ -64,10 +75,10 @@ elif [ -n "${VLLM_TORCH_INDEX_BASE:-}" ]; then
 else
   torch_args=(--torch-backend cpu)
 fi
-"$UV" pip install -q --python "$check/venv/bin/python" vllm-engine --extra-index-url "$url/nightly/cpu" \
+"$UV" pip install -q --python "$check/venv/bin/python" vllm-engine --extra-index-url "$url/$folder/cpu" \
   --index-strategy first-index "${torch_args[@]}"
 (cd "$check" && "$check/venv/bin/python" -c "
 import torch, engine
 x = torch.randn(4, 64); out = torch.empty_like(x)
 engine.ops.rms_norm(out, x, torch.ones(64), 1e-6)
-print('nightly installed and ran:', engine.__version__, engine.BUILD_INFO.variant, engine.ops.cpu_isa())")
+print('installed from the index and ran:', engine.__version__, engine.BUILD_INFO.variant, engine.ops.cpu_isa())")

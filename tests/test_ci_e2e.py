@@ -35,7 +35,7 @@ def test_nightly_local_on_a_fresh_clone(tmp_path):
     index = tmp_path / "index"
     res = run(["bash", clone / "ci" / "nightly-local.sh", "--index", index, "--variants", "cpu"],
               env=_env(), cwd=clone)
-    assert "nightly installed and ran:" in res.stdout
+    assert "installed from the index and ran:" in res.stdout
     assert (index / "nightly" / "cpu" / "vllm-engine" / "index.html").is_file()
     assert run([sys.executable, "-m", "wheel_index", "verify", "--index", index], cwd=REPO)
 

@@ -326,3 +326,27 @@ def test_cli_generate_and_env(checkpoints, capsys):
     assert "platform_class" in capsys.readouterr().out
     assert main(["generate", "--model", "/nonexistent", "--prompt", "x"]) == 2
     assert "has no config.json" in capsys.readouterr().err
+
+
+def test_warns_once_when_preload_libraries_are_not_preloaded(tmp_path, monkeypatch, caplog):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libiomp5.so").write_text("")
+    monkeypatch.setattr(preload, "search_dirs", lambda: [lib])
+    monkeypatch.setattr(preload, "is_source_build", lambda: False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    preload.warn_if_not_preloaded.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="engine"):
+            preload.warn_if_not_preloaded()
+            preload.warn_if_not_preloaded()
+        warnings = [r.message for r in caplog.records if "not preloaded" in r.message]
+        assert len(warnings) == 1 and f"export LD_PRELOAD={lib}/libiomp5.so" in warnings[0]
+        caplog.clear()
+        preload.warn_if_not_preloaded.cache_clear()
+        monkeypatch.setenv("LD_PRELOAD", str(lib / "libiomp5.so"))
+        with caplog.at_level(logging.WARNING, logger="engine"):
+            preload.warn_if_not_preloaded()
+        assert "not preloaded" not in caplog.text
+    finally:
+        preload.warn_if_not_preloaded.cache_clear()

@@ -91,13 +91,17 @@ HREF = re.compile(r'<a href="([^"#]+)#sha256=([0-9a-f]{64})"([^>]*)>([^<]+)</a>'
 def verify(storage: Storage, log=print) -> list[str]:
     """Every problem found; empty when every page matches the stored files."""
     problems: list[str] = []
-    digests: dict[str, str | None] = {}
+    stored: dict[str, tuple[str, int] | None] = {}  # key -> (sha256, size); each file read once
+
+    def stat(key: str) -> tuple[str, int] | None:
+        if key not in stored:
+            data = storage.read(key)
+            stored[key] = (hashlib.sha256(data).hexdigest(), len(data)) if data is not None else None
+        return stored[key]
 
     def digest(key: str) -> str | None:
-        if key not in digests:
-            data = storage.read(key)
-            digests[key] = hashlib.sha256(data).hexdigest() if data is not None else None
-        return digests[key]
+        found = stat(key)
+        return found[0] if found else None
 
     views = []
     for top in storage.list_dirs(""):
@@ -126,7 +130,7 @@ def verify(storage: Storage, log=print) -> list[str]:
             entry = storage.read(key + ENTRY_SUFFIX)
             if entry is None or json.loads(entry)["sha256"] != actual:
                 problems.append(f"{page_key}: {name}: entry record missing or disagrees")
-            elif json.loads(entry)["size"] != len(storage.read(key) or b""):
+            elif json.loads(entry)["size"] != stat(key)[1]:
                 problems.append(f"{page_key}: {name}: size differs from the entry record")
         doc = storage.read(f"{project_dir(view)}/index.json")
         if doc is None:

@@ -91,13 +91,13 @@ HREF = re.compile(r'<a href="([^"#]+)#sha256=([0-9a-f]{64})"([^>]*)>([^<]+)</a>'
 def verify(storage: Storage, log=print) -> list[str]:
     """Every problem found; empty when every page matches the stored files."""
     problems: list[str] = []
-    stored: dict[str, tuple[str, int] | None] = {}  # key -> (sha256, size); each file read once
+    seen: dict[str, tuple[str, int] | None] = {}  # key -> (sha256, size); each file read once
 
     def stat(key: str) -> tuple[str, int] | None:
-        if key not in stored:
+        if key not in seen:
             data = storage.read(key)
-            stored[key] = (hashlib.sha256(data).hexdigest(), len(data)) if data is not None else None
-        return stored[key]
+            seen[key] = (hashlib.sha256(data).hexdigest(), len(data)) if data is not None else None
+        return seen[key]
 
     def digest(key: str) -> str | None:
         found = stat(key)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +18,9 @@ from typing import Callable
 
 from packaging.version import Version
 
+from tools import gitutil
 from tools.errors import UserError
+from tools.hashing import sha256_file
 from tools.variants import is_default_variant
 from wheel_index import pages
 from wheel_index.layout import (
@@ -32,7 +33,6 @@ from wheel_index.layout import (
     project_dir,
 )
 from wheel_index.storage import Storage
-from tools.hashing import sha256_file
 from wheel_index.wheels import InspectedWheel, WheelEntry, inspect_wheel
 
 CONVERGE_ATTEMPTS = 8
@@ -66,15 +66,11 @@ def resolve_commit_time(commit: str, given: str | None) -> int:
                 raise UserError(f"--commit-time {given!r} is neither epoch seconds nor "
                                 "ISO 8601") from None
             return int(dt.replace(tzinfo=dt.tzinfo or timezone.utc).timestamp())
-    try:
-        out = subprocess.run(["git", "show", "-s", "--format=%ct", commit], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        out = None
-    if out is None or out.returncode != 0 or not out.stdout.strip().isdigit():
+    out = gitutil.git(Path.cwd(), "show", "-s", "--format=%ct", commit, check=False)
+    if not out or not out.isdigit():
         raise UserError(f"cannot tell when {commit} was committed (it is not in this git "
                         "repository); pass --commit-time")
-    return int(out.stdout.strip())
+    return int(out)
 
 
 def entry_key(e: WheelEntry | str, variant: str | None = None, commit: str | None = None) -> str:
@@ -104,8 +100,8 @@ def render_view(storage: Storage, view_dir: str, commit: str, variant: str, poin
                 written: list[str], keep: Callable[[WheelEntry], bool] = lambda e: True) -> None:
     """Write a view's pages from the entries stored for (commit, variant), and
     repeat until what was rendered is what is stored."""
+    entries = [e for e in entries_in(storage, commit, variant) if keep(e)]
     for _ in range(CONVERGE_ATTEMPTS):
-        entries = [e for e in entries_in(storage, commit, variant) if keep(e)]
         proj = project_dir(view_dir)
         html = pages.project_html(entries, view_dir)
         _write_if_changed(storage, f"{proj}/index.html", html, written)
@@ -119,8 +115,10 @@ def render_view(storage: Storage, view_dir: str, commit: str, variant: str, poin
             _write_if_changed(storage, prefix, pages.root_html(), written)
         _write_if_changed(storage, f"{prefix}metadata.json",
                           pages.level_metadata(entries, view_dir, pointer), written)
-        if [e for e in entries_in(storage, commit, variant) if keep(e)] == entries:
+        now = [e for e in entries_in(storage, commit, variant) if keep(e)]
+        if now == entries:
             return
+        entries = now  # another publisher added a wheel meanwhile: render again
     raise UserError(f"{view_dir}: the stored wheels kept changing while its pages were "
                     "written; run the publish again")
 

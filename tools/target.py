@@ -33,6 +33,7 @@ from tools.variants import (
     check_device,
     cuda_variant_for,
     get_variant,
+    is_default_variant,
 )
 
 HELPER_TIMEOUT_S = 5.0
@@ -364,7 +365,7 @@ def install_commands(t: Target, index: str) -> list[str]:
     v = t.variant
     backend = f" --torch-backend {v.torch_backend}" if v.torch_backend else ""
     torch_url = v.torch_index_url()
-    folder = "" if v.compiles and v.device == "cuda" and _is_default(v) else f"/{v.label}"
+    folder = "" if v.compiles and v.device == "cuda" and is_default_variant(v.label) else f"/{v.label}"
     device = f"VLLM_TARGET_DEVICE={t.device} "
     return [
         "# from the wheel index (uv):",
@@ -378,12 +379,6 @@ def install_commands(t: Target, index: str) -> list[str]:
         f"uv pip install -r requirements/build/{v.label}.txt{backend} --index-strategy unsafe-best-match"
         f" && {device}uv pip install --no-build-isolation -e .",
     ]
-
-
-def _is_default(v: Variant) -> bool:
-    from tools.variants import is_default_variant
-
-    return is_default_variant(v.label)
 
 
 def main(argv: list[str] | None = None) -> int:

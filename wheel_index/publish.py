@@ -73,10 +73,8 @@ def resolve_commit_time(commit: str, given: str | None) -> int:
     return int(out)
 
 
-def entry_key(e: WheelEntry | str, variant: str | None = None, commit: str | None = None) -> str:
-    if isinstance(e, WheelEntry):
-        return f"{project_dir(level_dir(e.commit, e.variant))}/{e.filename}{ENTRY_SUFFIX}"
-    return f"{project_dir(level_dir(commit, variant))}/{e}{ENTRY_SUFFIX}"
+def entry_key(commit: str, variant: str, filename: str) -> str:
+    return f"{project_dir(level_dir(commit, variant))}/{filename}{ENTRY_SUFFIX}"
 
 
 def entries_in(storage: Storage, commit: str, variant: str) -> list[WheelEntry]:
@@ -126,7 +124,7 @@ def render_view(storage: Storage, view_dir: str, commit: str, variant: str, poin
 def _published(storage: Storage, w: InspectedWheel, commit: str, sha: str,
                force: bool) -> WheelEntry | None:
     """The entry already stored under this wheel's name; refuses different bytes."""
-    existing = storage.read(entry_key(w.filename, w.variant, commit))
+    existing = storage.read(entry_key(commit, w.variant, w.filename))
     if existing is None:
         return None
     old = WheelEntry.from_json(existing)
@@ -156,7 +154,7 @@ def _store(storage: Storage, w: InspectedWheel, sha: str, commit: str, commit_ti
         commit=commit, commit_time=commit_time)
     storage.upload_file(f"{proj}/{w.filename}", w.path)
     storage.write_atomic(f"{proj}/{w.filename}{METADATA_SUFFIX}", w.metadata)
-    storage.write_atomic(entry_key(entry), entry.to_json())
+    storage.write_atomic(entry_key(commit, entry.variant, entry.filename), entry.to_json())
     result.stored.append(w.filename)
 
 

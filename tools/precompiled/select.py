@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -30,11 +29,11 @@ from tools.precompiled.fetch import get_bytes, local_path
 from tools.requirements import REPO_ROOT
 from tools.target import detect
 from tools.variants import get_variant
+from wheel_index.layout import COMMIT_RE
 
 #: The folder index ci/ publishes into: the whole loop works on one machine.
 DEFAULT_WHEEL_INDEX = REPO_ROOT / "index"
 FALLBACK_DEPTH = 20
-COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,18 @@ def load() -> BuildInfo:
     check_torch(info, torch.__version__)
     importlib.import_module("engine._C")
     if info.device == "cpu":
-        try:
-            torch.ops._C.select_cpu_isa(envs.cpu_isa())
-        except RuntimeError as exc:  # processor lacks the ISA, or it was not compiled in
-            raise ImportError(f"vllm-engine: {exc}") from None
+        _select_cpu_isa()
     return info
+
+
+def _select_cpu_isa() -> None:
+    from engine import cpu_features
+
+    features = cpu_features.current()
+    try:
+        requested = envs.cpu_isa()
+    except envs.EnvError as exc:
+        raise cpu_features.CpuIsaError(
+            f"{exc} ({cpu_features.describe(features)})") from None
+    compiled = [i for i in torch.ops._C.cpu_compiled_isas().split(",") if i]
+    torch.ops._C.select_cpu_isa(cpu_features.choose_isa(requested, features, compiled))

@@ -76,13 +76,20 @@ def main(argv: list[str] | None = None) -> int:
     env = sub.add_parser("env", help="print what this installation is and runs on")
     env.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    if args.command == "env":
-        from engine.env import main as env_main
-
-        return env_main(["--json"] if args.json else [])
     try:
+        if args.command == "env":
+            from engine.env import main as env_main
+
+            return env_main(["--json"] if args.json else [])
         return {"generate": generate, "bench": bench}[args.command](args)
-    except ValueError as exc:  # configuration and input errors: one clear line
+    except ValueError as exc:  # configuration and input errors (EnvError included): one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        from engine._kernels import TorchMismatchError
+
+        if not isinstance(exc, TorchMismatchError):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

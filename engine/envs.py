@@ -11,6 +11,7 @@ import re
 from typing import Mapping
 
 CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "generic")
+CPU_MAX_ISA_CHOICES = ("avx2", "generic")
 DEFAULT_KVCACHE_GIB = 4.0
 
 
@@ -32,11 +33,25 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
 def cpu_isa(env: Mapping[str, str] | None = None) -> str:
     """VLLM_CPU_ISA: which compiled CPU code path the kernels use.
 
-    `auto` (default) takes the best the processor supports; `avx2` forces the
-    AVX2 path on an AVX-512 machine (the tests cover both paths this way);
-    `avx512` fails clearly where the processor lacks AVX-512.
+    `auto` (default) takes the best one that is compiled in and that the
+    processor runs; `avx512` (x86 with AVX-512 F/BW/VL/DQ), `avx2` (x86 with
+    AVX2+FMA; forces that path on an AVX-512 machine, as the tests do) and
+    `generic` (the portable path of non-x86 builds) insist on one path and fail
+    with one line where it is not compiled in or the processor lacks it.
     """
     return _choice(_env(env), "VLLM_CPU_ISA", CPU_ISA_CHOICES, "auto")
+
+
+def cpu_max_isa(env: Mapping[str, str] | None = None) -> str | None:
+    """VLLM_CPU_MAX_ISA: make every CPU capability probe of the engine report at
+    most this level (`avx2`: no AVX-512, AMX, AVX-VNNI or AVX-NE-CONVERT;
+    `generic`: no AVX at all), so an AVX-512 machine behaves like an AVX2-only
+    one: the kernel path `auto` picks and the linear-layer decision both follow.
+    Unset: the processor as it is."""
+    env = _env(env)
+    if not env.get("VLLM_CPU_MAX_ISA", "").strip():
+        return None
+    return _choice(env, "VLLM_CPU_MAX_ISA", CPU_MAX_ISA_CHOICES, "")
 
 
 def kvcache_space_bytes(env: Mapping[str, str] | None = None) -> int:

@@ -18,7 +18,8 @@ import torch
 from engine import cpu_binding, envs, preload
 from engine.block_manager import BlockManager
 from engine.config import ModelConfig
-from engine.layers.linear import prepack_available
+from engine.layers.linear import log_cpu_linear_choice
+from engine.cpu_features import PREPACKED
 from engine.loader import load_weights
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.models.llama import LlamaForCausalLM
@@ -88,7 +89,8 @@ class LLM:
         load_weights(self.model, self.path)
         self.model.eval()
         if prepack_weights is None:
-            prepack_weights = platform.device_type == "cpu" and prepack_available()
+            prepack_weights = (platform.device_type == "cpu"
+                               and log_cpu_linear_choice(self.dtype).mode == PREPACKED)
         if prepack_weights:
             self.model.prepack()
         self.blocks = BlockManager(num_blocks, block_size)
@@ -109,7 +111,8 @@ class LLM:
         free = available_memory_bytes()
         if free is not None and space > free:
             raise ValueError(f"VLLM_CPU_KVCACHE_SPACE asks for {space / 2**30:.2f} GiB of KV cache "
-                             f"but only {free / 2**30:.2f} GiB of memory is available")
+                             f"but only {free / 2**30:.2f} GiB of memory is available; lower "
+                             "VLLM_CPU_KVCACHE_SPACE (GiB)")
         return max(space // kv_cache_bytes_per_block(self.config, block_size, self.dtype), 0)
 
     def _tokenizer(self):

@@ -57,8 +57,20 @@ def cpu_isa() -> str | None:
     return torch.ops._C.cpu_isa() if BUILD_INFO.device == "cpu" else None
 
 
+def compiled_cpu_isas() -> list[str]:
+    """The CPU code paths compiled into this build, best first ([] without CPU kernels)."""
+    if BUILD_INFO.device != "cpu":
+        return []
+    return [i for i in torch.ops._C.cpu_compiled_isas().split(",") if i]
+
+
 def select_cpu_isa(name: str) -> str:
-    """Switch the CPU code path at run time (auto, avx512, avx2); returns the one in use."""
+    """Switch the CPU code path at run time (auto, avx512, avx2, generic); returns the
+    one in use. Raises engine.cpu_features.CpuIsaError (one line) where `name` is
+    not compiled in or this CPU (as VLLM_CPU_MAX_ISA caps it) cannot run it."""
+    from engine import cpu_features
+
     if BUILD_INFO.device != "cpu":
         raise RuntimeError(f"this is a {BUILD_INFO.variant} build; it has no CPU kernels")
-    return torch.ops._C.select_cpu_isa(name)
+    chosen = cpu_features.choose_isa(name, cpu_features.current(), compiled_cpu_isas())
+    return torch.ops._C.select_cpu_isa(chosen)

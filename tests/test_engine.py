@@ -63,13 +63,44 @@ def test_greedy_matches_transformers_under_preemption(checkpoints):
         assert o.outputs[0].finish_reason == "length"
 
 
+def _linear_modes() -> list:
+    """bfloat16 linear layers both ways: prepacked oneDNN where this CPU and torch
+    support it (a visible skip otherwise), and plain (what an AVX2-only CPU gets)."""
+    from engine.cpu_features import PREPACKED
+    from engine.layers.linear import cpu_linear_choice
+
+    choice = cpu_linear_choice(torch.bfloat16)
+    prepacked = "prepacked" if choice.mode == PREPACKED else pytest.param(
+        "prepacked", marks=pytest.mark.skip(reason=f"bf16 prepacking not run: {choice.reason}"))
+    return [prepacked, "plain"]
+
+
+@pytest.fixture(params=_linear_modes())
+def bf16_linear_mode(request, monkeypatch):
+    """For `plain`, every CPU probe is capped at AVX2 (VLLM_CPU_MAX_ISA), as on an
+    AMD EPYC without AVX-512: the engine must decide on plain linear layers itself."""
+    from engine import cpu_features
+    from engine.layers import linear
+
+    if request.param == "plain":
+        monkeypatch.setenv("VLLM_CPU_MAX_ISA", "avx2")
+    for cached in (cpu_features.current, linear.cpu_linear_choice):
+        cached.cache_clear()
+    yield request.param
+    monkeypatch.delenv("VLLM_CPU_MAX_ISA", raising=False)
+    for cached in (cpu_features.current, linear.cpu_linear_choice):
+        cached.cache_clear()
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
-def test_bfloat16_generation(checkpoints, model_type):
+def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
     import transformers
 
     llm = LLM(model=checkpoints[model_type], dtype="bfloat16", block_size=32, num_kv_blocks=64,
               bind_threads=False)
     assert llm.model.layers[0].input_layernorm.weight.dtype == torch.bfloat16
+    packed = llm.model.layers[0].gate_up.packed is not None
+    assert packed == (bf16_linear_mode == "prepacked")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoints[model_type],
                                                           dtype=torch.bfloat16).eval()

@@ -3,14 +3,38 @@ packed layout makes the small-batch GEMMs of decoding 1.4-3x faster than
 F.linear on the same weight."""
 from __future__ import annotations
 
+import logging
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import cpu_features
 
-def prepack_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
-                                                            "_reorder_linear_weight")
+logger = logging.getLogger("engine")
+
+
+_logged: set[str] = set()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@lru_cache(maxsize=None)
+def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
+    """How this CPU runs linear layers of `dtype` (decided once per dtype per process)."""
+    return cpu_features.choose_linear(dtype_name(dtype), cpu_features.current(),
+                                      cpu_features.TorchLinearSupport.detect())
+
+
+def log_cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
+    choice = cpu_linear_choice(dtype)
+    if dtype_name(dtype) not in _logged:
+        _logged.add(dtype_name(dtype))
+        logger.info("linear layers (%s): %s: %s", dtype_name(dtype), choice.mode, choice.reason)
+    return choice
 
 
 class Linear(nn.Module):

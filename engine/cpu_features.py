@@ -1,0 +1,184 @@
+"""What this CPU can run, and the decisions that follow from it.
+
+Detection is data (`probe` reads the processor's flags once, capped by
+VLLM_CPU_MAX_ISA so that an AVX-512 machine can behave exactly like an
+AVX2-only one); the decisions are pure functions of that data: which compiled
+kernel path runs (`choose_isa`) and how each linear layer runs for a dtype
+(`choose_linear`). Tests build `CpuFeatures` values directly.
+"""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from engine import envs
+
+# Flags each compiled x86 code path needs (what csrc/cpu/isa.cpp checks too).
+ISA_FLAGS: dict[str, frozenset[str]] = {
+    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    "avx2": frozenset({"avx2", "fma"}),
+    "generic": frozenset(),
+}
+# Best first: `auto` takes the first one that is compiled in and usable.
+ISA_ORDER = ("avx512", "avx2", "generic")
+
+# Flags above each cap level: removed from the probe when VLLM_CPU_MAX_ISA caps it.
+_ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ne_convert", "avx_ifma", "avx10")
+_ABOVE_GENERIC = _ABOVE_AVX2 + ("avx", "fma", "f16c")
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    arch: str                      # platform.machine(): x86_64, aarch64, ...
+    flags: frozenset[str]          # /proc/cpuinfo "flags" (x86) or "Features" (ARM)
+    capped_at: str | None = None   # VLLM_CPU_MAX_ISA when it removed flags
+
+    def supports(self, isa: str) -> bool:
+        if isa == "generic":
+            return True
+        if self.arch not in ("x86_64", "AMD64"):
+            return False
+        return ISA_FLAGS[isa] <= self.flags
+
+    def usable_isas(self) -> list[str]:
+        return [isa for isa in ISA_ORDER if self.supports(isa)]
+
+
+def cap_flags(flags: Iterable[str], cap: str | None) -> frozenset[str]:
+    """Drop every flag above `cap` (avx2 or generic); `None` keeps them all."""
+    if cap is None:
+        return frozenset(flags)
+    above = _ABOVE_AVX2 if cap == "avx2" else _ABOVE_GENERIC
+    return frozenset(f for f in flags if not f.startswith(above))
+
+
+def read_flags(root: Path) -> frozenset[str]:
+    """The first processor's feature flags from <root>/proc/cpuinfo (empty if unreadable)."""
+    try:
+        text = (root / "proc" / "cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def probe(root: Path | None = None, env: Mapping[str, str] | None = None,
+          arch: str | None = None) -> CpuFeatures:
+    root = Path(envs.sysfs_root(env)) if root is None else root
+    cap = envs.cpu_max_isa(env)
+    flags = read_flags(root)
+    capped = cap_flags(flags, cap)
+    return CpuFeatures(arch or platform.machine(), capped, cap if capped != flags else None)
+
+
+@lru_cache(maxsize=1)
+def current() -> CpuFeatures:
+    return probe()
+
+
+class CpuIsaError(envs.EnvError, ImportError):
+    """VLLM_CPU_ISA names a code path that is not compiled in or that this CPU cannot run."""
+
+
+def describe(features: CpuFeatures) -> str:
+    usable = [i for i in features.usable_isas()
+              if not (i == "generic" and features.arch in ("x86_64", "AMD64"))]
+    capped = f" (capped by VLLM_CPU_MAX_ISA={features.capped_at})" if features.capped_at else ""
+    return f"this {features.arch} CPU supports: {', '.join(usable)}{capped}"
+
+
+def choose_isa(requested: str, features: CpuFeatures, compiled: Iterable[str]) -> str:
+    """The compiled code path to run for VLLM_CPU_ISA=`requested`; raises CpuIsaError."""
+    compiled = [c for c in ISA_ORDER if c in set(compiled)]
+    if not compiled:
+        raise CpuIsaError("this build of vllm-engine has no CPU kernels")
+    if requested == "auto":
+        for isa in compiled:
+            if features.supports(isa):
+                return isa
+        raise CpuIsaError(
+            f"none of the compiled CPU code paths ({', '.join(compiled)}) runs here; "
+            f"{describe(features)}. The x86 build needs AVX2 and FMA at least; on an older "
+            "processor build with VLLM_TARGET_DEVICE=empty")
+    if requested not in compiled:
+        raise CpuIsaError(
+            f"VLLM_CPU_ISA={requested} is not compiled into this build; it has: "
+            f"{', '.join(compiled)} (or auto)")
+    if not features.supports(requested):
+        need = "/".join(sorted(ISA_FLAGS[requested]))
+        runnable = [c for c in compiled if features.supports(c)]
+        raise CpuIsaError(
+            f"VLLM_CPU_ISA={requested} needs {need}, which this CPU lacks; {describe(features)}."
+            f" Set VLLM_CPU_ISA to auto or one of: {', '.join(runnable) or 'none'}")
+    return requested
+
+
+# --- linear layers ---------------------------------------------------------
+
+PREPACKED = "onednn-prepacked"
+PLAIN = "plain"
+
+# What torch's oneDNN path needs per reduced-precision dtype (mirrors torch's
+# mkldnn_bf16_device_check / mkldnn_fp16_device_check on x86).
+_ONEDNN_DTYPE_FLAGS = {
+    "bfloat16": (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx_ne_convert"}),
+                 frozenset({"amx_bf16"})),
+    "float16": (frozenset({"avx512_fp16"}), frozenset({"avx_ne_convert"}),
+                frozenset({"amx_fp16"})),
+}
+
+
+@dataclass(frozen=True)
+class TorchLinearSupport:
+    """What the installed torch offers for prepacked linear layers."""
+    reorder_op: bool                  # torch.ops.mkldnn._reorder_linear_weight exists
+    dtypes: frozenset[str]            # dtypes torch's own oneDNN check accepts here
+
+    @classmethod
+    def detect(cls) -> "TorchLinearSupport":
+        import torch
+
+        mk = torch.ops.mkldnn
+        ok = torch.backends.mkldnn.is_available() and hasattr(mk, "_reorder_linear_weight")
+        dtypes = {"float32"} if ok else set()
+        if ok and getattr(mk, "_is_mkldnn_bf16_supported", lambda: False)():
+            dtypes.add("bfloat16")
+        if ok and getattr(mk, "_is_mkldnn_fp16_supported", lambda: False)():
+            dtypes.add("float16")
+        return cls(ok, frozenset(dtypes))
+
+
+@dataclass(frozen=True)
+class LinearChoice:
+    mode: str      # PREPACKED or PLAIN
+    reason: str
+
+
+def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearSupport
+                  ) -> LinearChoice:
+    """How linear layers of `dtype` run on this CPU: prepacked oneDNN where torch
+    and the (possibly capped) CPU support it for that dtype, plain F.linear otherwise."""
+    if not torch_support.reorder_op:
+        return LinearChoice(PLAIN, "this torch has no oneDNN weight prepacking")
+    if dtype == "float32":
+        return LinearChoice(PREPACKED, "oneDNN prepacks float32 weights on every x86-64 CPU")
+    needs = _ONEDNN_DTYPE_FLAGS.get(dtype)
+    if needs is None:
+        return LinearChoice(PLAIN, f"no prepacked path for {dtype}")
+    alternatives = " or ".join("+".join(sorted(s)) for s in needs)
+    if not any(s <= features.flags for s in needs):
+        capped = (f" (VLLM_CPU_MAX_ISA={features.capped_at} hides them)"
+                  if features.capped_at else "")
+        return LinearChoice(PLAIN, f"oneDNN's {dtype} path needs {alternatives}, which this "
+                                   f"CPU lacks{capped}")
+    if dtype not in torch_support.dtypes:
+        return LinearChoice(PLAIN, f"this torch's oneDNN refuses {dtype} on this CPU")
+    have = next(s for s in needs if s <= features.flags)
+    return LinearChoice(PREPACKED, f"the CPU has {'+'.join(sorted(have))} for oneDNN's "
+                                   f"{dtype} path")

@@ -1,0 +1,141 @@
+"""CPU detection is data, the decisions are pure: kernel code path and linear
+layers per dtype, on the CPUs machines of this kind are seen with (an AMD EPYC
+with AVX2 only, a Xeon with AVX-512 and AMX), an AVX-NE-CONVERT client part
+and an ARM server, all as fake /proc/cpuinfo trees."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from engine import cpu_features as cf
+from engine import envs
+
+EPYC_AVX2 = "fpu sse sse2 avx avx2 fma f16c bmi2"
+XEON_AMX = EPYC_AVX2 + " avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile avx_vnni"
+CLIENT_NE = EPYC_AVX2 + " avx_vnni avx_ne_convert"
+TORCH = cf.TorchLinearSupport(reorder_op=True, dtypes=frozenset({"float32", "bfloat16"}))
+
+
+def features(flags: str, arch="x86_64", cap=None) -> cf.CpuFeatures:
+    return cf.CpuFeatures(arch, cf.cap_flags(flags.split(), cap), cap)
+
+
+def fake_root(tmp_path, text: str):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "cpuinfo").write_text(text)
+    return tmp_path
+
+
+def test_probe_reads_flags_and_applies_the_cap(tmp_path):
+    root = fake_root(tmp_path, f"processor\t: 0\nflags\t\t: {XEON_AMX}\n\nprocessor\t: 1\n")
+    full = cf.probe(root, env={}, arch="x86_64")
+    assert full.usable_isas() == ["avx512", "avx2", "generic"] and full.capped_at is None
+    capped = cf.probe(root, env={"VLLM_CPU_MAX_ISA": "avx2"}, arch="x86_64")
+    assert capped.usable_isas() == ["avx2", "generic"] and capped.capped_at == "avx2"
+    assert not any(f.startswith(("avx512", "amx", "avx_vnni")) for f in capped.flags)
+    assert "avx2" in capped.flags and "fma" in capped.flags
+    generic = cf.probe(root, env={"VLLM_CPU_MAX_ISA": "generic"}, arch="x86_64")
+    assert generic.usable_isas() == ["generic"]
+
+
+def test_probe_reads_arm_features_and_survives_no_cpuinfo(tmp_path):
+    root = fake_root(tmp_path, "processor\t: 0\nFeatures\t: fp asimd bf16 sve\n")
+    arm = cf.probe(root, env={}, arch="aarch64")
+    assert "bf16" in arm.flags and arm.usable_isas() == ["generic"]
+    assert cf.probe(tmp_path / "nothing", env={}, arch="x86_64").flags == frozenset()
+
+
+def test_bad_max_isa_is_one_line():
+    with pytest.raises(envs.EnvError, match="VLLM_CPU_MAX_ISA='sse'.*avx2, generic"):
+        envs.cpu_max_isa({"VLLM_CPU_MAX_ISA": "sse"})
+    assert envs.cpu_max_isa({}) is None
+
+
+@pytest.mark.parametrize("flags,cap,expected", [
+    (XEON_AMX, None, "avx512"),
+    (XEON_AMX, "avx2", "avx2"),
+    (EPYC_AVX2, None, "avx2"),
+    (CLIENT_NE, None, "avx2"),
+])
+def test_auto_picks_the_best_usable_compiled_path(flags, cap, expected):
+    assert cf.choose_isa("auto", features(flags, cap=cap), ["avx2", "avx512"]) == expected
+
+
+def test_auto_respects_what_was_compiled():
+    assert cf.choose_isa("auto", features(XEON_AMX), ["avx2"]) == "avx2"  # VLLM_CPU_DISABLE_AVX512
+    assert cf.choose_isa("auto", features("fp asimd", arch="aarch64"), ["generic"]) == "generic"
+
+
+def test_requests_this_cpu_cannot_run_name_what_it_can():
+    with pytest.raises(cf.CpuIsaError) as e:
+        cf.choose_isa("avx512", features(EPYC_AVX2), ["avx2", "avx512"])
+    msg = str(e.value)
+    assert "VLLM_CPU_ISA=avx512 needs" in msg and "supports: avx2" in msg
+    assert "one of: avx2" in msg and "\n" not in msg
+    with pytest.raises(cf.CpuIsaError, match="not compiled into this build; it has: avx2"):
+        cf.choose_isa("avx512", features(XEON_AMX), ["avx2"])
+    with pytest.raises(cf.CpuIsaError, match="needs AVX2 and FMA at least"):
+        cf.choose_isa("auto", features("fpu sse sse2 avx"), ["avx2", "avx512"])
+    # CpuIsaError is an ImportError too: `import engine` refuses with it
+    assert issubclass(cf.CpuIsaError, ImportError) and issubclass(cf.CpuIsaError, envs.EnvError)
+
+
+@pytest.mark.parametrize("flags,cap,dtype,mode", [
+    (EPYC_AVX2, None, "float32", cf.PREPACKED),
+    (EPYC_AVX2, None, "bfloat16", cf.PLAIN),       # the CPU that crashed bf16 generation
+    (XEON_AMX, None, "bfloat16", cf.PREPACKED),
+    (XEON_AMX, "avx2", "bfloat16", cf.PLAIN),      # the cap makes it behave like the EPYC
+    (CLIENT_NE, None, "bfloat16", cf.PREPACKED),   # avx_ne_convert is enough for oneDNN
+    (XEON_AMX, None, "float16", cf.PLAIN),         # no avx512_fp16 / amx_fp16
+])
+def test_linear_choice_per_cpu_and_dtype(flags, cap, dtype, mode):
+    choice = cf.choose_linear(dtype, features(flags, cap=cap), TORCH)
+    assert choice.mode == mode, choice.reason
+    if cap and mode == cf.PLAIN:
+        assert "VLLM_CPU_MAX_ISA=avx2" in choice.reason
+
+
+def test_linear_choice_follows_what_torch_supports():
+    no_bf16 = cf.TorchLinearSupport(reorder_op=True, dtypes=frozenset({"float32"}))
+    assert cf.choose_linear("bfloat16", features(XEON_AMX), no_bf16).mode == cf.PLAIN
+    none = cf.TorchLinearSupport(reorder_op=False, dtypes=frozenset())
+    assert cf.choose_linear("float32", features(XEON_AMX), none).mode == cf.PLAIN
+
+
+def test_detected_torch_support_matches_torch():
+    import torch
+
+    support = cf.TorchLinearSupport.detect()
+    assert support.reorder_op == hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    assert ("bfloat16" in support.dtypes) == (
+        support.reorder_op and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"VLLM_CPU_ISA": "avx9"}, "VLLM_CPU_ISA='avx9' is not valid; use one of: auto, avx512"),
+    ({"VLLM_CPU_ISA": "avx512", "VLLM_CPU_MAX_ISA": "avx2"}, "VLLM_CPU_ISA=avx512 needs"),
+    ({"VLLM_CPU_MAX_ISA": "sse"}, "VLLM_CPU_MAX_ISA='sse' is not valid"),
+])
+def test_engine_env_refuses_bad_isa_values_in_one_line(env, needle):
+    import os
+
+    res = subprocess.run([sys.executable, "-m", "engine.cli", "env"], capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: ") and needle in res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_engine_env_shows_the_linear_choice_and_cap():
+    import json
+    import os
+
+    res = subprocess.run([sys.executable, "-m", "engine.cli", "env", "--json"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "VLLM_CPU_MAX_ISA": "avx2"})
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["cpu_max_isa"] == "avx2" and data["cpu_isa_in_use"] == "avx2"
+    assert data["linear_bfloat16"].startswith("plain") and "kv_cache" in data

@@ -33,6 +33,11 @@ assert not missing, f"ops without a {key} kernel: {missing}"
 print(f"smoke: vllm-engine {engine.__version__} imports; {len(ops)} ops registered for {key}")
 PY
 if [ "$variant" = cpu ]; then
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider "$REPO/tests/test_ops.py"
+  # Every op on every code path this CPU runs, then generation in float32 and
+  # bfloat16 (both linear-layer modes) against transformers: a wheel whose bf16
+  # path is broken on the builder is never published.
+  "$UV" pip install -q --python "$venv/bin/python" "$(grep -E "^transformers" "$REPO/requirements/dev.txt")"
+  "$venv/bin/python" -m pytest -q -ra -p no:cacheprovider "$REPO/tests/test_ops.py" \
+    "$REPO/tests/test_engine.py" -k "test_ops or greedy_matches_transformers or bfloat16_generation"
 fi
 echo "smoke test passed: $(basename "$wheel")"

@@ -93,6 +93,305 @@ inline float silu(float x) {
 
 inline bool worth_threads(int64_t elements) { return elements >= 16384; }
 
+// ---- explicit vectors (x86) --------------------------------------------------
+//
+// The bfloat16 conversions do not auto-vectorize well (16-bit loads and the
+// rounding rule defeat the vectorizer), so the row kernels use intrinsics:
+// 16 floats a vector with AVX-512, 8 with AVX2. immintrin.h defines its
+// intrinsics always-inline (gnu_inline): no out-of-line copy can leak into
+// the baseline glue. Other ISAs keep the portable `omp simd` loops below.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define ENGINE_VEC_WIDTH 16
+using VecF = __m512;
+using VecI = __m512i;
+inline VecF vset1(float x) { return _mm512_set1_ps(x); }
+inline VecF vadd(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline VecF vsub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
+inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF vfnma(VecF a, VecF b, VecF c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a*b
+inline float vsum(VecF a) { return _mm512_reduce_add_ps(a); }
+inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, VecF v) { _mm512_storeu_ps(p, v); }
+inline VecF vload(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// float -> bfloat16 bits in the low half of each 32-bit lane: round to nearest
+// even, NaN to the quiet 0x7fc0 (c10::BFloat16's rule, as float_to_bf16 below).
+inline VecI vbf16_bits(VecF v) {
+  VecI u = _mm512_castps_si512(v);
+  VecI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  VecI r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+}
+inline VecF vbits_to_float(VecI bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)); }
+inline void vstore_bits(uint16_t* p, VecI bits) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bits));
+}
+inline void vstore_bits2(uint16_t* p, VecI a, VecI b) {
+  vstore_bits(p, a);
+  vstore_bits(p + 16, b);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ENGINE_VEC_WIDTH 8
+using VecF = __m256;
+using VecI = __m256i;
+inline VecF vset1(float x) { return _mm256_set1_ps(x); }
+inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline VecF vsub(VecF a, VecF b) { return _mm256_sub_ps(a, b); }
+inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF vfnma(VecF a, VecF b, VecF c) { return _mm256_fnmadd_ps(a, b, c); }
+inline float vsum(VecF a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+inline VecF vload(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// Round to nearest even without the NaN blend of the AVX-512 path (a third of
+// the work here): NaN still stays NaN, because every value these kernels round
+// is computed from bfloat16 inputs, so a NaN's low 16 mantissa bits are zero
+// (a propagated payload) or it is the default NaN, and adding the rounding
+// bias cannot carry out of its mantissa.
+inline VecI vbf16_bits(VecF v) {
+  VecI u = _mm256_castps_si256(v);
+  VecI lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+}
+inline VecF vbits_to_float(VecI bits) { return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)); }
+inline void vstore_bits(uint16_t* p, VecI bits) {
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+// Two vectors in one pack: packus works within 128-bit lanes, one permute
+// restores the order (half the shuffles of two vstore_bits).
+inline void vstore_bits2(uint16_t* p, VecI a, VecI b) {
+  __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+}
+#endif
+
+#ifdef ENGINE_VEC_WIDTH
+constexpr int64_t W = ENGINE_VEC_WIDTH;
+inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
+inline void vstore2(float* p, VecF a, VecF b) {
+  vstore(p, a);
+  vstore(p + W, b);
+}
+inline void vstore2(uint16_t* p, VecF a, VecF b) { vstore_bits2(p, vbf16_bits(a), vbf16_bits(b)); }
+// a to p, b to q (rotary's two halves).
+inline void vstore_split(float* p, float* q, VecF a, VecF b) {
+  vstore(p, a);
+  vstore(q, b);
+}
+inline void vstore_split(uint16_t* p, uint16_t* q, VecF a, VecF b) {
+#if ENGINE_VEC_WIDTH == 8
+  __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(vbf16_bits(a), vbf16_bits(b)), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_extracti128_si256(packed, 1));
+#else
+  vstore(p, a);
+  vstore(q, b);
+#endif
+}
+// Store a and b as T and replace them by the values stored (rounded once).
+inline void vstore2_rounded(float* p, VecF& a, VecF& b) { vstore2(p, a, b); }
+inline void vstore2_rounded(uint16_t* p, VecF& a, VecF& b) {
+  VecI ba = vbf16_bits(a), bb = vbf16_bits(b);
+  vstore_bits2(p, ba, bb);
+  a = vbits_to_float(ba);
+  b = vbits_to_float(bb);
+}
+// The value a float becomes once stored as T (for fused_add_rms_norm, which
+// normalizes exactly the residual it stored).
+inline VecF vround(VecF v, const float*) { return v; }
+inline VecF vround(VecF v, const uint16_t*) { return vbits_to_float(vbf16_bits(v)); }
+
+// Sum of squares of x[0, n); with `copy`, the floats are also written there (a
+// bfloat16 row is converted once and both passes of the norm read floats).
+template <typename T>
+inline float sum_squares(const T* x, int64_t n, float* copy) {
+  VecF a0 = vset1(0.f), a1 = vset1(0.f);
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    VecF v0 = vload(x + i), v1 = vload(x + i + W);
+    if (copy) {
+      vstore(copy + i, v0);
+      vstore(copy + i + W, v1);
+    }
+    a0 = vfma(v0, v0, a0);
+    a1 = vfma(v1, v1, a1);
+  }
+  for (; i + W <= n; i += W) {
+    VecF v = vload(x + i);
+    if (copy) vstore(copy + i, v);
+    a0 = vfma(v, v, a0);
+  }
+  float acc = vsum(vadd(a0, a1));
+  for (; i < n; ++i) {
+    float v = Elem<T>::load(x[i]);
+    if (copy) copy[i] = v;
+    acc += v * v;
+  }
+  return acc;
+}
+
+// y = x * inv * w, x and w already floats.
+template <typename T>
+inline void scale_row(T* y, const float* x, const float* w, int64_t n, float inv) {
+  const VecF vi = vset1(inv);
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    vstore2(y + i, vmul(vmul(vload(x + i), vi), vload(w + i)),
+            vmul(vmul(vload(x + i + W), vi), vload(w + i + W)));
+  }
+  for (; i + W <= n; i += W) vstore(y + i, vmul(vmul(vload(x + i), vi), vload(w + i)));
+  for (; i < n; ++i) y[i] = Elem<T>::store(x[i] * inv * w[i]);
+}
+
+template <typename T>
+struct IsBf16 { static constexpr bool value = false; };
+template <>
+struct IsBf16<uint16_t> { static constexpr bool value = true; };
+
+// Per-thread float copies of the weight and of one row, for bfloat16 only:
+// converting the weight once per thread instead of once per row, and the row
+// once instead of once per pass, is most of a bfloat16 norm's arithmetic.
+template <typename T>
+struct NormScratch {
+  float* buf = nullptr;
+  const float* wf;
+  float* row = nullptr;
+  NormScratch(const T* w, int64_t hidden) {
+    if constexpr (IsBf16<T>::value) {
+      buf = static_cast<float*>(malloc(sizeof(float) * 2 * hidden));
+      for (int64_t i = 0; i < hidden; ++i) buf[i] = Elem<T>::load(w[i]);
+      wf = buf;
+      row = buf + hidden;
+    } else {
+      wf = reinterpret_cast<const float*>(w);
+    }
+  }
+  ~NormScratch() { free(buf); }
+};
+
+template <typename T>
+void rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
+                  int64_t in_stride, int64_t out_stride, float eps) {
+#pragma omp parallel if (worth_threads(rows * hidden))
+  {
+    NormScratch<T> sc(w, hidden);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* x = in + r * in_stride;
+      float acc = sum_squares(x, hidden, sc.row);
+      const float* xf = sc.row ? sc.row : reinterpret_cast<const float*>(x);
+      scale_row(out + r * out_stride, xf, sc.wf, hidden,
+                1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
+    }
+  }
+}
+
+template <typename T>
+void fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hidden,
+                            int64_t in_stride, int64_t res_stride, float eps) {
+#pragma omp parallel if (worth_threads(rows * hidden))
+  {
+    NormScratch<T> sc(w, hidden);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* x = in + r * in_stride;
+      T* z = res + r * res_stride;
+      // The residual is stored in T and the norm is taken of what was stored.
+      VecF a0 = vset1(0.f), a1 = vset1(0.f);
+      int64_t i = 0;
+      for (; i + 2 * W <= hidden; i += 2 * W) {
+        VecF s0 = vadd(vload(x + i), vload(z + i));
+        VecF s1 = vadd(vload(x + i + W), vload(z + i + W));
+        vstore2_rounded(z + i, s0, s1);
+        if (sc.row) {
+          vstore(sc.row + i, s0);
+          vstore(sc.row + i + W, s1);
+        }
+        a0 = vfma(s0, s0, a0);
+        a1 = vfma(s1, s1, a1);
+      }
+      for (; i + W <= hidden; i += W) {
+        VecF s0 = vround(vadd(vload(x + i), vload(z + i)), z);
+        vstore(z + i, s0);
+        if (sc.row) vstore(sc.row + i, s0);
+        a0 = vfma(s0, s0, a0);
+      }
+      float acc = vsum(vadd(a0, a1));
+      for (; i < hidden; ++i) {
+        T s = Elem<T>::store(Elem<T>::load(x[i]) + Elem<T>::load(z[i]));
+        z[i] = s;
+        float v = Elem<T>::load(s);
+        if (sc.row) sc.row[i] = v;
+        acc += v * v;
+      }
+      const float* zf = sc.row ? sc.row : reinterpret_cast<const float*>(z);
+      scale_row(x, zf, sc.wf, hidden, 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
+    }
+  }
+}
+
+// neox rotary of one head: v[i], v[i + half] rotated by (cos[i], sin[i]).
+template <typename T, typename C>
+inline void rotate_neox(T* v, const C* cos_p, const C* sin_p, int64_t half) {
+  int64_t i = 0;
+  for (; i + W <= half; i += W) {
+    VecF c = vload(cos_p + i), s = vload(sin_p + i);
+    VecF x1 = vload(v + i), x2 = vload(v + i + half);
+    vstore_split(v + i, v + i + half, vfnma(x2, s, vmul(x1, c)), vfma(x1, s, vmul(x2, c)));
+  }
+  for (; i < half; ++i) {
+    float c = Elem<C>::load(cos_p[i]), s = Elem<C>::load(sin_p[i]);
+    float x1 = Elem<T>::load(v[i]), x2 = Elem<T>::load(v[i + half]);
+    v[i] = Elem<T>::store(x1 * c - x2 * s);
+    v[i + half] = Elem<T>::store(x2 * c + x1 * s);
+  }
+}
+
+// A bfloat16 token's cos/sin row is converted to floats once and reused by
+// every head (40 heads for Llama-8B-shaped layers).
+constexpr int64_t kMaxHalfOnStack = 256;
+
+template <typename T>
+void rotary_vec(const int64_t* positions, T* x, const T* cache, int64_t tokens,
+                int64_t heads, int64_t token_stride, int64_t head_stride,
+                int64_t rot_dim, int64_t cache_stride) {
+  const int64_t half = rot_dim / 2;
+#pragma omp parallel for schedule(static) if (worth_threads(tokens * heads * rot_dim))
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* cos_p = cache + positions[t] * cache_stride;
+    const T* sin_p = cos_p + half;
+    T* xt = x + t * token_stride;
+    if constexpr (IsBf16<T>::value) {
+      if (half <= kMaxHalfOnStack) {
+        float cf[kMaxHalfOnStack], sf[kMaxHalfOnStack];
+        for (int64_t i = 0; i < half; ++i) {
+          cf[i] = Elem<T>::load(cos_p[i]);
+          sf[i] = Elem<T>::load(sin_p[i]);
+        }
+        for (int64_t h = 0; h < heads; ++h) rotate_neox(xt + h * head_stride, cf, sf, half);
+        continue;
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) rotate_neox(xt + h * head_stride, cos_p, sin_p, half);
+  }
+}
+#endif  // ENGINE_VEC_WIDTH
+
 // ---- rms_norm / fused_add_rms_norm -----------------------------------------
 
 template <typename T>
@@ -322,6 +621,11 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
 
 // ---- type dispatch (the table's entry points) -------------------------------
 
+#ifdef ENGINE_VEC_WIDTH
+#define rms_norm_t rms_norm_vec
+#define fused_add_rms_norm_t fused_add_rms_norm_vec
+#endif
+
 void rms_norm(DType dt, void* out, const void* in, const void* w, int64_t rows,
               int64_t hidden, int64_t is, int64_t os, float eps) {
   if (dt == DType::kFloat32)
@@ -354,6 +658,17 @@ void silu_and_mul(DType dt, void* out, const void* in, int64_t rows, int64_t d,
 void rotary_embedding(DType dt, const int64_t* pos, void* x, const void* cache,
                       int64_t tokens, int64_t heads, int64_t ts, int64_t hs,
                       int64_t rot_dim, int64_t cs, bool neox) {
+#ifdef ENGINE_VEC_WIDTH
+  if (neox) {
+    if (dt == DType::kFloat32)
+      rotary_vec(pos, static_cast<float*>(x), static_cast<const float*>(cache), tokens, heads,
+                 ts, hs, rot_dim, cs);
+    else
+      rotary_vec(pos, static_cast<uint16_t*>(x), static_cast<const uint16_t*>(cache), tokens,
+                 heads, ts, hs, rot_dim, cs);
+    return;
+  }
+#endif
   if (dt == DType::kFloat32)
     rotary_t(pos, static_cast<float*>(x), static_cast<const float*>(cache),
              tokens, heads, ts, hs, rot_dim, cs, neox);

@@ -130,9 +130,14 @@ inline VecF vbits_to_float(VecI bits) { return _mm512_castsi512_ps(_mm512_slli_e
 inline void vstore_bits(uint16_t* p, VecI bits) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bits));
 }
+// packus works within 128-bit lanes; one permute puts a's 16 values in the
+// low half and b's in the high half (cheaper than two vpmovdw).
+inline __m512i vpack_bits2(VecI a, VecI b) {
+  const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+  return _mm512_permutexvar_epi64(order, _mm512_packus_epi32(a, b));
+}
 inline void vstore_bits2(uint16_t* p, VecI a, VecI b) {
-  vstore_bits(p, a);
-  vstore_bits(p + 16, b);
+  _mm512_storeu_si512(p, vpack_bits2(a, b));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -199,8 +204,9 @@ inline void vstore_split(uint16_t* p, uint16_t* q, VecF a, VecF b) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_extracti128_si256(packed, 1));
 #else
-  vstore(p, a);
-  vstore(q, b);
+  __m512i packed = vpack_bits2(vbf16_bits(a), vbf16_bits(b));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(packed));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_extracti64x4_epi64(packed, 1));
 #endif
 }
 // Store a and b as T and replace them by the values stored (rounded once).

@@ -164,6 +164,8 @@ def test_republishing_changes_nothing_and_verify_sees_a_stale_variants_json(tmp_
     w = _wheel(tmp_path, "cpu")
     res = publish(storage, C, [w], commit_time="100", log=lambda m: None)
     assert res.stored == [] and res.pages_written == []
+    assert res.variants.stored == [] and res.variants.pages_written == []
+    assert res.variants.unchanged == [f"vllm_engine-{DEV}-cp38-abi3-manylinux_2_34_x86_64-cpu.whl"]
     key = f"{C}/variants/vllm-engine/{variants_json_name(DEV)}"
     storage.write_atomic(key, b"{}")
     assert any("variants.json has sha256" in p for p in verify(storage, log=lambda m: None))
@@ -175,3 +177,64 @@ def test_only_unconvertible_variants_write_no_variants_level(tmp_path):
     publish(storage, C, [_wheel(tmp_path, "rocm700")], commit_time="100", log=said.append)
     assert storage.read(f"{C}/variants/metadata.json") is None
     assert any("no variant wheel for rocm700" in m for m in said)
+
+
+def test_is_variant_wheel_tells_the_two_names_apart(tmp_path):
+    from wheel_index.variant_wheels import is_variant_wheel
+
+    src = _wheel(tmp_path, "cpu")
+    assert not is_variant_wheel(src.name)
+    assert is_variant_wheel(make_variant_wheel(inspect_wheel(src), tmp_path).name)
+    assert not is_variant_wheel("vllm_engine-1.0-1-cp38-abi3-linux_x86_64.whl")  # a build tag
+
+
+@pytest.fixture
+def two_variant_index(tmp_path):
+    storage = LocalStorage(tmp_path / "idx")
+    _publish_all(tmp_path, storage, ["cpu", "cu130"], nightly=True)
+    return tmp_path / "idx"
+
+
+@pytest.mark.parametrize("driver,variant", [(None, "cpu"), ("580.65.06", "cu130")])
+@pytest.mark.parametrize("level", [f"{C}/variants", "nightly/variants"])
+def test_precompiled_mode_picks_the_machines_variant_from_a_variants_level(
+        two_variant_index, tmp_path, driver, variant, level):
+    from tools.precompiled.select import choose_wheel
+
+    root = tmp_path / "machine"
+    if driver:
+        (root / "sys/module/nvidia").mkdir(parents=True)
+        (root / "sys/module/nvidia/version").write_text(f"{driver}\n")
+    root.mkdir(exist_ok=True)
+    env = {"VLLM_PRECOMPILED_WHEEL_INDEX": f"{two_variant_index}/{level}",
+           "VLLM_DETECT_ROOT": str(root)}
+    c = choose_wheel(tmp_path, env, log=lambda m: None)  # tmp_path: no git metadata needed
+    assert c.variant == variant and c.commit == C
+    assert c.filename == f"vllm_engine-{DEV}-cp38-abi3-manylinux_2_34_x86_64-{variant}.whl"
+    assert Path(c.url).is_file() and hashlib.sha256(Path(c.url).read_bytes()).hexdigest() == c.sha256
+
+
+def test_precompiled_mode_refuses_a_variant_the_level_lacks(two_variant_index, tmp_path):
+    from tools.errors import UserError
+    from tools.precompiled.select import choose_wheel
+
+    env = {"VLLM_PRECOMPILED_WHEEL_INDEX": f"{two_variant_index}/{C}/variants",
+           "VLLM_PRECOMPILED_WHEEL_VARIANT": "cu129"}
+    with pytest.raises(UserError, match="no cu129 wheel"):
+        choose_wheel(tmp_path, env, log=lambda m: None)
+
+
+def test_bisect_reads_the_variants_level_when_the_variant_level_is_gone(two_variant_index):
+    import shutil
+
+    from tools.bisect import Installer
+
+    inst = Installer.__new__(Installer)  # only the look-up; no environment is made
+    inst.index, inst.variant = str(two_variant_index), "cpu"
+    assert inst.wheel(C)[0].endswith(f"{C}/cpu/vllm-engine/vllm_engine-{DEV}.cpu-cp38-abi3-"
+                                     "manylinux_2_34_x86_64.whl")
+    shutil.rmtree(two_variant_index / C / "cpu")
+    url, sha = inst.wheel(C)
+    assert url.endswith(f"{C}/variants/vllm-engine/vllm_engine-{DEV}-cp38-abi3-"
+                        "manylinux_2_34_x86_64-cpu.whl")
+    assert hashlib.sha256(Path(url).read_bytes()).hexdigest() == sha

@@ -18,10 +18,10 @@ from helpers import UV, make_venv, make_wheel, run, torch_wheelhouse
 from wheel_index.publish import publish
 from wheel_index.server import make_server
 from wheel_index.storage import open_storage
+from wheel_index.variant_wheels import UV_PREVIEW
 
 pytestmark = pytest.mark.slow
 
-PREVIEW = ("--preview-features", "wheel-variants")
 #: The CUDA version each driver ships. uv 0.13.9's vendored NVIDIA provider
 #: reads the CUDA (user-mode) version from the driver library, or from
 #: NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION; UV_CUDA_DRIVER_VERSION (the
@@ -58,7 +58,7 @@ def test_uv_installs_the_cpu_variant_here_and_it_imports(cpu_variants_level, tmp
     level, wheel = cpu_variants_level
     py = make_venv(tmp_path / "venv")
     proc = subprocess.run(
-        [UV, "pip", "install", "--python", py, *PREVIEW, "vllm-engine", "--index-url", level,
+        [UV, "pip", "install", "--python", py, *UV_PREVIEW, "vllm-engine", "--index-url", level,
          "--extra-index-url", "https://pypi.org/simple", "--find-links", torch_wheelhouse(),
          "--index-strategy", "unsafe-best-match"],
         env=_no_gpu_env(tmp_path), capture_output=True, text=True, timeout=1800)
@@ -89,7 +89,7 @@ def synthetic_level(tmp_path_factory):
 
 def _chosen(level: str, tmp_path: Path, env: dict) -> str:
     py = make_venv(tmp_path / f"venv{len(list(tmp_path.iterdir()))}")
-    proc = subprocess.run([UV, "pip", "install", "--python", py, *PREVIEW, "--dry-run", "-v",
+    proc = subprocess.run([UV, "pip", "install", "--python", py, *UV_PREVIEW, "--dry-run", "-v",
                            "vllm-engine", "--index-url", level], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -44,6 +44,7 @@ class PublishResult:
     unchanged: list[str] = field(default_factory=list)
     pages_written: list[str] = field(default_factory=list)
     nightly_moved: dict[str, bool] = field(default_factory=dict)
+    variants: PublishResult | None = None  # what the variants level did, kept apart
 
 
 def check_commit(commit: str) -> str:
@@ -226,8 +227,9 @@ def publish(storage: Storage, commit: str, wheel_paths: list[Path], *, nightly: 
                             {**pointer, "view": view, "release": release_version},
                             result.pages_written,
                             keep=lambda e: Version(e.version).public == release_version)
+    result.variants = PublishResult()
     variants_level.publish(storage, variant_wheels, when, nightly=nightly,
                            release_version=release_version, allow_rewind=allow_rewind, log=log,
-                           result=result)
+                           result=result.variants)
     return result
 

@@ -97,6 +97,16 @@ def variant_filename(w: InspectedWheel) -> str:
     return f"{dist_stem(base_version(w.version))}-{py}-{abi}-{plat}-{w.variant}.whl"
 
 
+def is_variant_wheel(filename: str) -> bool:
+    """A PEP 825 name: a variant label after the platform tag (six fields, no build tag)."""
+    parts = filename.removesuffix(".whl").split("-")
+    return filename.endswith(".whl") and len(parts) == 6 and not parts[2][:1].isdigit()
+
+
+#: What uv 0.13 needs to read or install a variant wheel.
+UV_PREVIEW = ("--preview-features", "wheel-variants")
+
+
 def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(
         b"=").decode()

@@ -79,6 +79,8 @@ def test_variant_wheel_moves_the_variant_to_the_label(tmp_path):
         assert all(not n.startswith(f"vllm_engine-{DEV}.cu130") for n in names)
         meta = zf.read(f"vllm_engine-{DEV}.dist-info/METADATA").decode()
         assert f"\nVersion: {DEV}\n" in meta
+        # everything else, the torch pin included, is the ordinary wheel's
+        assert meta.replace(DEV, "V") == src.metadata.decode().replace(f"{DEV}.cu130", "V")
         doc = json.loads(zf.read(f"vllm_engine-{DEV}.dist-info/variant.json"))
         assert doc["$schema"] == SCHEMA
         assert doc["variants"] == {"cu130": properties("cu130")}

@@ -22,6 +22,9 @@ from wheel_index.variant_wheels import UV_PREVIEW
 
 pytestmark = pytest.mark.slow
 
+SMOKE = ("import torch, engine; from engine.build_info import build_info; x = torch.randn(2, 32); "
+         "o = torch.empty_like(x); engine.ops.rms_norm(o, x, torch.ones(32), 1e-6); "
+         "print(build_info().variant, engine.__version__)")
 #: The CUDA version each driver ships. uv 0.13.9's vendored NVIDIA provider
 #: reads the CUDA (user-mode) version from the driver library, or from
 #: NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION; UV_CUDA_DRIVER_VERSION (the
@@ -57,15 +60,16 @@ def cpu_variants_level(cpu_wheel, tmp_path_factory):
 def test_uv_installs_the_cpu_variant_here_and_it_imports(cpu_variants_level, tmp_path):
     level, wheel = cpu_variants_level
     py = make_venv(tmp_path / "venv")
+    # The README's one command, with torch from the local wheelhouse instead of
+    # --torch-backend auto (PyTorch's index is unreachable here); --index puts the
+    # variants level before PyPI, which still serves torch's own dependencies.
     proc = subprocess.run(
-        [UV, "pip", "install", "--python", py, *UV_PREVIEW, "vllm-engine", "--index-url", level,
-         "--extra-index-url", "https://pypi.org/simple", "--find-links", torch_wheelhouse(),
-         "--index-strategy", "unsafe-best-match"],
+        [UV, "pip", "install", "--python", py, *UV_PREVIEW, "vllm-engine", "--index", level,
+         "--find-links", torch_wheelhouse()],
         env=_no_gpu_env(tmp_path), capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = run([py, "-c", "import engine, json; from engine.build_info import build_info; "
-               "print(build_info().variant, engine.ops.cpu_isa())"], cwd=tmp_path).stdout
-    assert out.split()[0] == "cpu"
+    out = run([py, "-c", SMOKE], cwd=tmp_path).stdout
+    assert out.split() == ["cpu", wheel.name.split("-")[1].rsplit(".", 1)[0]]
     dist_info = next((tmp_path / "venv" / "lib").glob("python*/site-packages/vllm_engine-*"))
     assert json.loads((dist_info / "variant.json").read_text())["variants"] == {"cpu": {}}
     assert "+" in dist_info.name and not dist_info.name.split("+")[1].startswith("cpu")

@@ -240,3 +240,17 @@ def test_bisect_reads_the_variants_level_when_the_variant_level_is_gone(two_vari
     assert url.endswith(f"{C}/variants/vllm-engine/vllm_engine-{DEV}-cp38-abi3-"
                         "manylinux_2_34_x86_64-cpu.whl")
     assert hashlib.sha256(Path(url).read_bytes()).hexdigest() == sha
+
+
+def test_bisect_installs_a_variant_wheel_with_uvs_preview_flag(two_variant_index, tmp_path):
+    import shutil
+
+    from tools.bisect import Installer
+
+    shutil.rmtree(two_variant_index / C / "cpu")  # only the variants level has a cpu wheel
+    (tmp_path / "work").mkdir()
+    inst = Installer(tmp_path / "work", str(two_variant_index), "cpu", log=lambda m: None)
+    res = inst.install(*inst.wheel(C))
+    assert res.returncode == 0, res.stderr
+    assert inst.run([str(inst.venv / "bin" / "python"), "-c",
+                     "import engine, sys; sys.exit(engine.VARIANT != 'cpu')"]) == 0

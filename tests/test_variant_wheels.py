@@ -254,3 +254,25 @@ def test_bisect_installs_a_variant_wheel_with_uvs_preview_flag(two_variant_index
     assert res.returncode == 0, res.stderr
     assert inst.run([str(inst.venv / "bin" / "python"), "-c",
                      "import engine, sys; sys.exit(engine.VARIANT != 'cpu')"]) == 0
+
+
+def test_both_architectures_share_one_label(tmp_path):
+    storage = LocalStorage(tmp_path / "idx")
+    for plat in ("manylinux_2_34_x86_64", "manylinux_2_34_aarch64"):
+        publish(storage, C, [_wheel(tmp_path / plat, "cpu", platform=plat)], commit_time="100",
+                log=lambda m: None)
+    level = json.loads(storage.read(f"{C}/variants/metadata.json"))
+    assert sorted(w["platform_tag"] for w in level["wheels"]) == [
+        "manylinux_2_34_aarch64", "manylinux_2_34_x86_64"]
+    doc = json.loads(storage.read(f"{C}/variants/vllm-engine/{variants_json_name(DEV)}"))
+    assert doc["variants"] == {"cpu": {}}
+
+
+def test_variants_level_on_s3(s3_env, tmp_path):
+    from wheel_index.storage import open_storage
+
+    storage = open_storage(f"s3://{s3_env}/pre")
+    _publish_all(tmp_path, storage, ["cpu", "cu130"], nightly=True)
+    assert storage.read(f"{C}/variants/vllm-engine/") == storage.read(
+        f"{C}/variants/vllm-engine/index.html")  # the folder key a bucket serves
+    assert verify(storage, log=lambda m: None) == []

@@ -24,6 +24,7 @@ import csv
 import hashlib
 import io
 import json
+import struct
 import zipfile
 from pathlib import Path
 
@@ -123,6 +124,33 @@ def _set_version(metadata: bytes, version: str) -> bytes:
     raise UserError("METADATA has no Version header; not a valid wheel")
 
 
+def _copy_compressed(src: zipfile.ZipFile, info: zipfile.ZipInfo, dst: zipfile.ZipFile) -> str:
+    """Copy one member's compressed bytes unchanged and return its RECORD hash.
+
+    zipfile has no raw copy, and recompressing a CUDA build's extension costs
+    seconds per 100 MB; the local header is rebuilt by ZipInfo.FileHeader and
+    the bytes after it are taken as they are."""
+    src.fp.seek(info.header_offset)
+    fields = struct.unpack(zipfile.structFileHeader, src.fp.read(zipfile.sizeFileHeader))
+    src.fp.seek(info.header_offset + zipfile.sizeFileHeader + fields[10] + fields[11])
+    raw = src.fp.read(info.compress_size)
+    digest = hashlib.sha256()
+    with src.open(info) as f:  # also checks the CRC
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    copy = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+    copy.compress_type, copy.external_attr = info.compress_type, info.external_attr
+    copy.CRC, copy.compress_size, copy.file_size = info.CRC, info.compress_size, info.file_size
+    dst.fp.seek(dst.start_dir)
+    copy.header_offset = dst.start_dir
+    dst.fp.write(copy.FileHeader(zip64=copy.file_size > zipfile.ZIP64_LIMIT))
+    dst.fp.write(raw)
+    dst.start_dir = dst.fp.tell()
+    dst.filelist.append(copy)
+    dst.NameToInfo[copy.filename] = copy
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
 def make_variant_wheel(w: InspectedWheel, out_dir: Path) -> Path:
     """Write the variant wheel of `w` into out_dir (same bytes for the same input)."""
     props = properties(w.variant)
@@ -149,10 +177,11 @@ def make_variant_wheel(w: InspectedWheel, out_dir: Path) -> Path:
                 if info.is_dir():
                     continue
                 top, _, rest = info.filename.partition("/")
-                if top in (f"{old_stem}.dist-info", f"{old_stem}.data"):
-                    name = f"{new_stem}{top[len(old_stem):]}/{rest}"
-                else:
-                    name = info.filename
+                if top not in (f"{old_stem}.dist-info", f"{old_stem}.data"):
+                    rows.append((info.filename, _copy_compressed(src, info, dst),
+                                 str(info.file_size)))
+                    continue
+                name = f"{new_stem}{top[len(old_stem):]}/{rest}"
                 if name == record_name:
                     continue  # rewritten below, for the renamed and changed files
                 data = src.read(info)

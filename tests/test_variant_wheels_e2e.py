@@ -121,3 +121,11 @@ def test_pip_is_never_handed_a_variant_wheel(synthetic_level, tmp_path):
     assert proc.returncode != 0
     assert "No matching distribution found for vllm-engine" in proc.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_uv_without_the_preview_flag_installs_nothing(synthetic_level, tmp_path):
+    py = make_venv(tmp_path / "venv")
+    proc = subprocess.run([UV, "pip", "install", "--python", py, "--dry-run", "vllm-engine",
+                           "--index-url", f"{synthetic_level}/nightly/variants"],
+                          env=_no_gpu_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "unsupported wheel variants" in proc.stderr

@@ -276,3 +276,18 @@ def test_variants_level_on_s3(s3_env, tmp_path):
     assert storage.read(f"{C}/variants/vllm-engine/") == storage.read(
         f"{C}/variants/vllm-engine/index.html")  # the folder key a bucket serves
     assert verify(storage, log=lambda m: None) == []
+
+
+def test_precompiled_mode_refuses_a_commit_that_contradicts_the_level(two_variant_index,
+                                                                      tmp_path):
+    from tools.errors import UserError
+    from tools.precompiled.select import choose_wheel
+
+    env = {"VLLM_PRECOMPILED_WHEEL_INDEX": f"{two_variant_index}/{C}/variants",
+           "VLLM_PRECOMPILED_WHEEL_VARIANT": "cpu", "VLLM_PRECOMPILED_WHEEL_COMMIT": "e" * 40}
+    with pytest.raises(UserError, match="unset one"):
+        choose_wheel(tmp_path, env, log=lambda m: None)
+    for asked, level in ((C, f"{C}/variants"), ("nightly", "nightly/variants")):
+        env.update(VLLM_PRECOMPILED_WHEEL_COMMIT=asked,
+                   VLLM_PRECOMPILED_WHEEL_INDEX=f"{two_variant_index}/{level}")
+        assert choose_wheel(tmp_path, env, log=lambda m: None).commit == C

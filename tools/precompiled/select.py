@@ -150,6 +150,10 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
     level_meta = variants_level_metadata(index)
     if level_meta is not None:  # the URL chose the commit; the machine chooses the variant
         commit = level_meta.get("commit")
+        if asked and asked != commit and not (asked == "nightly" and level_meta.get(
+                "view", "").startswith("nightly/")):
+            raise UserError(f"VLLM_PRECOMPILED_WHEEL_INDEX={index} is the variants level of "
+                            f"{commit}, but VLLM_PRECOMPILED_WHEEL_COMMIT={asked}; unset one")
         if in_git and gitutil.rev(root, commit) and gitutil.compiled_inputs_differ(
                 root, commit, None):
             log(f"vllm-engine: WARNING: {index} holds kernels of {commit}, built from compiled "

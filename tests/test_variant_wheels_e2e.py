@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import UV, make_venv, make_wheel, run, torch_wheelhouse
+from helpers import REPO, UV, make_venv, make_wheel, run, torch_wheelhouse
 from wheel_index.publish import publish
 from wheel_index.server import make_server
 from wheel_index.storage import open_storage
@@ -129,3 +129,25 @@ def test_uv_without_the_preview_flag_installs_nothing(synthetic_level, tmp_path)
                            "--index-url", f"{synthetic_level}/nightly/variants"],
                           env=_no_gpu_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "unsupported wheel variants" in proc.stderr
+
+
+def test_precompiled_editable_install_from_the_variants_level(cpu_variants_level, torch_mirror,
+                                                             tmp_path):
+    level, wheel = cpu_variants_level
+    commit = level.rstrip("/").split("/")[-2]
+    repo = tmp_path / "repo"
+    run(["git", "clone", "-q", REPO, repo])
+    run(["git", "checkout", "-q", "-B", "main", commit], cwd=repo)
+    py = make_venv(tmp_path / "venv")
+    env = {**_no_gpu_env(tmp_path), "VLLM_USE_PRECOMPILED": "1",
+           "VLLM_PRECOMPILED_WHEEL_INDEX": level,
+           "VLLM_PRECOMPILED_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([UV, "pip", "install", "--python", py, "-e", repo, "--extra-index-url",
+                           f"{torch_mirror}/cpu", "--index-strategy", "unsafe-best-match"],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    used = json.loads(run([py, "-c", "import engine, json; from engine.env import report; "
+                           "print(json.dumps(report()['precompiled_from']))"],
+                          cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert used["commit"] == commit and used["variant"] == "cpu"
+    assert used["source"].startswith(level) and used["source"].endswith("-cpu.whl")

@@ -160,8 +160,8 @@ def make_variant_wheel(w: InspectedWheel, out_dir: Path) -> Path:
     out = Path(out_dir) / variant_filename(w)
     with zipfile.ZipFile(w.path) as src:
         infos = src.infolist()
-        old_info = next(i.filename.split("/")[0] for i in infos
-                        if i.filename.endswith(".dist-info/METADATA") and i.filename.count("/") == 1)
+        old_info = next(i.filename.split("/")[0] for i in infos if i.filename.count("/") == 1
+                        and i.filename.endswith(".dist-info/METADATA"))
         old_stem = old_info[:-len(".dist-info")]
         new_stem = dist_stem(version)
         record_name = f"{new_stem}.dist-info/RECORD"

@@ -278,7 +278,7 @@ def test_cli_ls_and_errors(tmp_path, capsys):
     capsys.readouterr()
     assert cli(["ls", "--index", idx]) == 0
     out = capsys.readouterr().out
-    assert out.index(B) < out.index(A) and "[nightly/cpu]" in out
+    assert out.index(B) < out.index(A) and "nightly/cpu" in out
     assert cli(["publish", "--index", idx, "--commit", "xyz", str(wheel(tmp_path))]) == 1
     err = capsys.readouterr().err
     assert "not a full commit hash" in err and "Traceback" not in err

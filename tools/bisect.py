@@ -31,6 +31,8 @@ from tools.precompiled.fetch import fetch, get_bytes
 from tools.precompiled.select import index_url, pick_wheel
 from tools.target import detect
 from tools.variants import get_variant
+from wheel_index.variant_wheels import UV_PREVIEW, is_variant_wheel
+from wheel_index.variants_level import VARIANTS
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
@@ -82,21 +84,22 @@ class Installer:
 
     def wheel(self, commit: str) -> tuple[str, str] | None:
         """(URL, sha256) of the commit's wheel for this variant and machine."""
-        level = f"{commit}/{self.variant}"
-        data = get_bytes(f"{self.index}/{level}/metadata.json")
-        if data is None:
-            return None
-        picked = pick_wheel(json.loads(data), self.variant, self.index, level)
-        if picked is None:
-            return None
-        w, url = picked
-        return url, w["sha256"]
+        # The per-variant level first, else the commit's variants level (variant wheels).
+        for level in (f"{commit}/{self.variant}", f"{commit}/{VARIANTS}"):
+            data = get_bytes(f"{self.index}/{level}/metadata.json")
+            picked = data and pick_wheel(json.loads(data), self.variant, self.index, level)
+            if picked:
+                w, url = picked
+                return url, w["sha256"]
+        return None
 
     def install(self, url: str, sha256: str) -> subprocess.CompletedProcess:
         # Downloaded once into the hash-keyed cache and checked before use.
         path = fetch(url, sha256, os.environ, log=lambda m: None)
         cmd = [self.uv, "pip", "install", "-q", "--python", str(self.venv / "bin" / "python"),
                "--reinstall-package", "vllm-engine", str(path), *torch_source_args(self.variant)]
+        if is_variant_wheel(path.name):
+            cmd += UV_PREVIEW
         return subprocess.run(cmd, capture_output=True, text=True)
 
     def run(self, command: list[str]) -> int:

@@ -76,6 +76,10 @@ def run(args) -> int:
         for name in r.unchanged:
             print(f"unchanged {name}")
         print(f"{len(r.pages_written)} page(s) written to {storage.describe()}")
+        if r.variants and (r.variants.stored or r.variants.unchanged):
+            print(f"variants level: {len(r.variants.stored)} variant wheel(s) stored, "
+                  f"{len(r.variants.unchanged)} unchanged, {len(r.variants.pages_written)} "
+                  "file(s) written")
         return 0
     if args.command == "prune":
         prune(storage, keep_days=args.keep_days, keep_commits=args.keep_commits,

@@ -8,6 +8,7 @@ import posixpath
 import re
 import time
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from tools.errors import UserError
 from wheel_index.layout import COMMIT_RE, ENTRY_SUFFIX, METADATA_SUFFIX, PROJECT, project_dir
@@ -115,7 +116,7 @@ def verify(storage: Storage, log=print) -> list[str]:
         links = HREF.findall(page.decode())
         listed = set()
         for url, sha, attrs, name in links:
-            key = posixpath.normpath(posixpath.join(project_dir(view), url))
+            key = posixpath.normpath(posixpath.join(project_dir(view), unquote(url)))
             listed.add(key)
             actual = digest(key)
             if actual is None:
@@ -123,6 +124,8 @@ def verify(storage: Storage, log=print) -> list[str]:
                 continue
             if actual != sha:
                 problems.append(f"{page_key}: {name} has sha256 {actual}, the page says {sha}")
+            if name.endswith("-variants.json"):
+                continue  # PEP 825 index metadata: no core metadata, no entry record
             m = re.search(r'data-core-metadata="sha256=([0-9a-f]{64})"', attrs)
             meta = digest(key + METADATA_SUFFIX)
             if not m or meta != m.group(1):
@@ -136,9 +139,9 @@ def verify(storage: Storage, log=print) -> list[str]:
         if doc is None:
             problems.append(f"{view}: PEP 691 index.json is missing")
         else:
-            files = {posixpath.normpath(posixpath.join(project_dir(view), f["url"])):
+            files = {posixpath.normpath(posixpath.join(project_dir(view), unquote(f["url"]))):
                      f["hashes"]["sha256"] for f in json.loads(doc)["files"]}
-            if files != {posixpath.normpath(posixpath.join(project_dir(view), u)): s
+            if files != {posixpath.normpath(posixpath.join(project_dir(view), unquote(u))): s
                          for u, s, _, _ in links}:
                 problems.append(f"{view}: index.json and index.html list different files")
         meta = storage.read(f"{view}/metadata.json")

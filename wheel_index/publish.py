@@ -22,7 +22,7 @@ from tools import gitutil
 from tools.errors import UserError
 from tools.hashing import sha256_file
 from tools.variants import is_default_variant
-from wheel_index import pages
+from wheel_index import pages, variants_level
 from wheel_index.layout import (
     COMMIT_RE,
     ENTRY_SUFFIX,
@@ -44,6 +44,7 @@ class PublishResult:
     unchanged: list[str] = field(default_factory=list)
     pages_written: list[str] = field(default_factory=list)
     nightly_moved: dict[str, bool] = field(default_factory=dict)
+    variants: PublishResult | None = None  # what the variants level did, kept apart
 
 
 def check_commit(commit: str) -> str:
@@ -198,6 +199,7 @@ def publish(storage: Storage, commit: str, wheel_paths: list[Path], *, nightly: 
     shas = {w.filename: sha256_file(w.path) for w in wheels}
     for w in wheels:  # conflicts are refused before anything is stored
         _published(storage, w, commit, shas[w.filename], force)
+    variant_wheels = variants_level.prepare(storage, commit, wheels, force, log)
 
     result = PublishResult()
     for w in wheels:
@@ -225,5 +227,9 @@ def publish(storage: Storage, commit: str, wheel_paths: list[Path], *, nightly: 
                             {**pointer, "view": view, "release": release_version},
                             result.pages_written,
                             keep=lambda e: Version(e.version).public == release_version)
+    result.variants = PublishResult()
+    variants_level.publish(storage, variant_wheels, when, nightly=nightly,
+                           release_version=release_version, allow_rewind=allow_rewind, log=log,
+                           result=result.variants)
     return result
 

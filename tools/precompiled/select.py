@@ -8,6 +8,9 @@
 4. The index: VLLM_PRECOMPILED_WHEEL_INDEX (folder, file://, http(s)://), else
    the project's default folder index (DEFAULT_WHEEL_INDEX).
 5. <index>/<commit>/<variant>/metadata.json names the wheel and its sha256.
+   An index that is a variants level (<index>/<commit>/variants, nightly/variants,
+   <version>/variants) names its commit itself; its metadata.json lists every
+   variant, and the detected one is taken from it.
 
 When the base commit has no wheel yet, main's first-parent history is walked
 back (at most FALLBACK_DEPTH commits) to the newest commit with a wheel of this
@@ -30,6 +33,7 @@ from tools.requirements import REPO_ROOT
 from tools.target import detect
 from tools.variants import get_variant
 from wheel_index.layout import COMMIT_RE
+from wheel_index.variants_level import VARIANTS
 
 #: The folder index ci/ publishes into: the whole loop works on one machine.
 DEFAULT_WHEEL_INDEX = REPO_ROOT / "index"
@@ -76,6 +80,14 @@ def _metadata(index: str, level: str) -> dict | None:
         return json.loads(data)
     except ValueError:
         raise UserError(f"{index}/{level}/metadata.json is not valid JSON") from None
+
+
+def variants_level_metadata(index: str) -> dict | None:
+    """The metadata.json of the variants level `index` names, else None."""
+    if posixpath.basename(index.rstrip("/")) != VARIANTS:
+        return None
+    meta = _metadata(index.rstrip("/").rsplit("/", 1)[0], VARIANTS)
+    return meta if meta is not None and meta.get("level") == VARIANTS else None
 
 
 def pick_wheel(meta: dict, variant: str, index: str, level: str) -> tuple[dict, str] | None:
@@ -135,6 +147,19 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
     index = index_url(env)
     asked = env.get("VLLM_PRECOMPILED_WHEEL_COMMIT", "").strip()
     in_git = gitutil.is_repo(root)
+    level_meta = variants_level_metadata(index)
+    if level_meta is not None:  # the URL chose the commit; the machine chooses the variant
+        commit = level_meta.get("commit")
+        if asked and asked != commit and not (asked == "nightly" and level_meta.get(
+                "view", "").startswith("nightly/")):
+            raise UserError(f"VLLM_PRECOMPILED_WHEEL_INDEX={index} is the variants level of "
+                            f"{commit}, but VLLM_PRECOMPILED_WHEEL_COMMIT={asked}; unset one")
+        if in_git and gitutil.rev(root, commit) and gitutil.compiled_inputs_differ(
+                root, commit, None):
+            log(f"vllm-engine: WARNING: {index} holds kernels of {commit}, built from compiled "
+                "inputs that differ from this checkout; using them because the index was "
+                "chosen explicitly")
+        return _finish(level_meta, variant, index, "", commit, None)
     if asked == "nightly":
         meta = _metadata(index, f"nightly/{variant}")
         if meta is None:

@@ -31,6 +31,7 @@ from tools.precompiled.fetch import fetch, get_bytes
 from tools.precompiled.select import index_url, pick_wheel
 from tools.target import detect
 from tools.variants import get_variant
+from wheel_index.documents import parse_metadata_json
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
@@ -86,7 +87,8 @@ class Installer:
         data = get_bytes(f"{self.index}/{level}/metadata.json")
         if data is None:
             return None
-        picked = pick_wheel(json.loads(data), self.variant, self.index, level)
+        meta = parse_metadata_json(data, f"{self.index}/{level}/metadata.json")
+        picked = pick_wheel(meta, self.variant, self.index, level)
         if picked is None:
             return None
         w, url = picked

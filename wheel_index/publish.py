@@ -84,7 +84,7 @@ def entries_in(storage: Storage, commit: str, variant: str) -> list[WheelEntry]:
         if key.endswith(ENTRY_SUFFIX):
             data = storage.read(key)
             if data:
-                out.append(WheelEntry.from_json(data))
+                out.append(WheelEntry.from_json(data, key))
     return sorted(out, key=lambda e: (Version(e.version), e.filename))
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import asdict, dataclass
-from email.parser import HeaderParser
+import zlib
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path, PurePosixPath
 
 from packaging.utils import (
@@ -18,6 +18,7 @@ from packaging.version import Version
 
 from tools.errors import UserError
 from tools.variants import VARIANTS, main_cuda_variant
+from wheel_index.documents import parse_build_info, parse_core_metadata, parse_json_object
 from wheel_index.layout import PROJECT
 
 BUILD_INFO = "engine/_build_info.json"
@@ -46,8 +47,11 @@ class WheelEntry:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "WheelEntry":
-        return cls(**json.loads(data))
+    def from_json(cls, data: bytes, where: str = "entry record") -> "WheelEntry":
+        doc = parse_json_object(data, where)
+        if set(doc) != {f.name for f in fields(cls)}:
+            raise UserError(f"{where}: not an entry record (fields {sorted(doc)[:20]})")
+        return cls(**doc)
 
 
 def variant_of(version: Version) -> str:
@@ -93,10 +97,14 @@ def inspect_wheel(path: Path) -> InspectedWheel:
     if len(tags) != 1:
         raise UserError(f"{where}: compressed tag sets are not supported; one tag per wheel")
     tag = next(iter(tags))
+    # zipfile reports damage through many types (a bad CRC, an unsupported or
+    # encrypted member, a truncated stream): every one is a corrupt wheel.
+    unreadable = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, zlib.error,
+                  NotImplementedError, RuntimeError, ValueError)
     try:
         zf = zipfile.ZipFile(path)
         bad = zf.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except unreadable as exc:
         raise UserError(f"{where}: corrupt wheel (not a readable zip: {exc})") from None
     if bad is not None:
         raise UserError(f"{where}: corrupt wheel (member {bad!r} fails its CRC check)")
@@ -110,15 +118,19 @@ def inspect_wheel(path: Path) -> InspectedWheel:
         if len(metas) != 1:
             raise UserError(f"{where}: expected exactly one *.dist-info/METADATA, found "
                             f"{len(metas)}; not a valid wheel")
-        metadata = zf.read(metas[0])
-        build_info = json.loads(zf.read(BUILD_INFO)) if BUILD_INFO in members else None
-    headers = HeaderParser().parsestr(metadata.decode("utf-8", "replace"))
-    if canonicalize_name(headers.get("Name", "")) != dist or Version(
-            headers.get("Version", "0")) != version:
+        try:
+            metadata = zf.read(metas[0])
+            info_bytes = zf.read(BUILD_INFO) if BUILD_INFO in members else None
+        except unreadable as exc:
+            raise UserError(f"{where}: corrupt wheel ({exc})") from None
+    meta_name, meta_version, requires_python = parse_core_metadata(metadata,
+                                                                   f"{where}: {metas[0]}")
+    if canonicalize_name(meta_name) != dist or meta_version != version:
         raise UserError(
             f"{where}: the file name says {dist} {version} but its METADATA says "
-            f"{headers.get('Name')} {headers.get('Version')}")
+            f"{meta_name} {meta_version}")
     variant = variant_of(version)
+    build_info = parse_build_info(info_bytes, f"{where}: {BUILD_INFO}") if info_bytes else None
     compiled = build_info["variant"] if build_info else "empty"
     if compiled != variant:
         raise UserError(f"{where}: the version says variant {variant!r} but the wheel's build "
@@ -126,7 +138,7 @@ def inspect_wheel(path: Path) -> InspectedWheel:
     commit = build_info.get("git_commit") if build_info else None
     return InspectedWheel(path, name, version, variant,
                           (tag.interpreter, tag.abi, tag.platform), metadata,
-                          headers.get("Requires-Python"),
+                          requires_python,
                           commit if commit and commit != "unknown" else None)
 
 

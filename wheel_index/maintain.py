@@ -80,9 +80,13 @@ def prune(storage: Storage, *, keep_days: int | None = None, keep_commits: int |
         if not dry_run:
             keys = storage.list(p.commit)
             files = [k for k in keys if k.endswith((".whl", METADATA_SUFFIX, ENTRY_SUFFIX))]
-            try:  # pages first: no dangling link; a failure stops before the files go
+            records = [k for k in files if k.endswith(ENTRY_SUFFIX)]
+            # pages first (no dangling link), entry records last (while one is left, the
+            # commit still counts as published and a rerun retries); a failure stops there
+            try:
                 storage.delete([k for k in keys if k not in files])
-                storage.delete(files)
+                storage.delete([k for k in files if k not in records])
+                storage.delete(records)
                 if storage.dir_keys:
                     storage.delete([f"{p.commit}/", f"{p.commit}/{PROJECT}/"] + [
                         f"{p.commit}/{v}/{s}" for v in p.variants for s in ("", f"{PROJECT}/")])

@@ -90,12 +90,11 @@ def byte_range(header: str, size: int) -> tuple[int, int] | None:
             raise ValueError
         return max(size - n, 0), size - 1
     start = int(first)
-    end = int(last) if last else size - 1
-    if end < start:
+    if last and int(last) < start:
         return None
     if start >= size:
         raise ValueError
-    return start, min(end, size - 1)
+    return start, min(int(last) if last else size - 1, size - 1)
 
 
 class IndexHandler(http.server.BaseHTTPRequestHandler):

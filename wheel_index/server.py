@@ -102,6 +102,9 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
     server_version = "vllm-engine-index"
     protocol_version = "HTTP/1.1"
     timeout = IDLE_TIMEOUT
+    # headers and body go out in two writes: without TCP_NODELAY the second waits for
+    # the client's delayed ACK (40 ms) on every keep-alive request
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):  # quiet by default; requests are not secrets but noise
         if os.environ.get("VLLM_INDEX_LOG"):

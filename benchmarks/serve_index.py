@@ -128,7 +128,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=int, default=512)
     p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3, help="alternating page-rate rounds")
+    p.add_argument("--rounds", type=int, default=5, help="alternating page-rate rounds")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args()
     misses = []

@@ -4,10 +4,8 @@ pip, uv, precompiled mode and bisect still install from it, because every link
 and path the index writes is percent-encoded."""
 from __future__ import annotations
 
-import http.server
 import json
 import sys
-import threading
 import urllib.error
 import urllib.request
 import zipfile
@@ -15,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import UV, make_wheel, run
+from helpers import UV, PlusAsSpaceServer, make_wheel, run
 from tools.precompiled import install_kernels
 from tools.precompiled.fetch import fetch
 from wheel_index import maintain
@@ -26,16 +24,6 @@ A = "a" * 40
 VERSION = "0.1.dev3+g1234567.cpu"
 
 
-class PlusAsSpace(http.server.SimpleHTTPRequestHandler):
-    """A static server that decodes '+' in a path as a space, as S3 does."""
-
-    def translate_path(self, path):
-        return super().translate_path(path.replace("+", "%20"))
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def s3_like(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plus")
@@ -44,12 +32,9 @@ def s3_like(tmp_path_factory):
         zf.writestr("engine/_C.abi3.so", b"\x7fELF not really")
     idx = tmp / "index"
     publish(LocalStorage(idx), A, [w], nightly=True, commit_time="100", log=lambda m: None)
-    handler = lambda *a, **kw: PlusAsSpace(*a, directory=str(idx), **kw)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", w, idx
-    server.shutdown()
-    server.server_close()
+    server = PlusAsSpaceServer(idx)
+    yield server.url, w, idx
+    server.close()
 
 
 def status(url: str) -> int:

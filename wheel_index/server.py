@@ -14,7 +14,6 @@ from __future__ import annotations
 import email.utils
 import http.server
 import os
-import posixpath
 import queue
 import socket
 import stat
@@ -27,6 +26,8 @@ from packaging.utils import canonicalize_name
 from wheel_index.layout import HTML_CT, PROJECT, SIMPLE_JSON_CT, cache_control, content_type
 
 DEFAULT_THREADS = 64
+#: files up to this size go out with their headers in one write; larger ones stream
+SMALL = 64 << 10
 #: seconds an idle keep-alive connection may hold a thread of the pool
 IDLE_TIMEOUT = 15
 
@@ -99,6 +100,7 @@ def byte_range(header: str, size: int) -> tuple[int, int] | None:
 
 class IndexHandler(http.server.BaseHTTPRequestHandler):
     root: Path
+    root_real: str  # the root with every symlink resolved, once
     server_version = "vllm-engine-index"
     protocol_version = "HTTP/1.1"
     timeout = IDLE_TIMEOUT
@@ -127,7 +129,9 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def _resolve(self, url_path: str) -> tuple[Path, str] | None:
+    def _resolve(self, url_path: str) -> tuple[str, str] | None:
+        """(file system path, storage key); None when the path leaves the root.
+        Plain os.path on strings: this runs on every request."""
         path = unquote(url_path)
         if "\x00" in path or "\\" in path:
             return None
@@ -135,14 +139,10 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         if any(p in (".", "..") for p in parts):
             return None
         key = "/".join(parts)
-        target = (self.root / key) if key else self.root
-        try:
-            real = target.resolve(strict=True)
-        except (OSError, RuntimeError):
-            return target, key  # does not exist: 404 later
-        root = self.root.resolve()
-        if real != root and root not in real.parents:
-            return None
+        target = os.path.join(self.root_real, key) if key else self.root_real
+        real = os.path.realpath(target)
+        if real != self.root_real and not real.startswith(self.root_real + os.sep):
+            return None  # a symlink out of the root
         return real, key
 
     def do_GET(self):
@@ -158,16 +158,16 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
             return self._error(400, "Bad Request: path leaves the index")
         target, key = resolved
         ctype = None
-        if target.is_dir():
+        if os.path.isdir(target):
             if not url.path.endswith("/"):
                 return self._redirect(url.path + "/")
             ctype = negotiate(self.headers.get("Accept", ""))
             name = "index.json" if ctype == SIMPLE_JSON_CT else "index.html"
-            if name == "index.json" and not (target / name).is_file():
+            if name == "index.json" and not os.path.isfile(os.path.join(target, name)):
                 ctype, name = HTML_CT, "index.html"
-            target = target / name
-            key = posixpath.join(key, name) if key else name
-        elif not target.exists():
+            target = os.path.join(target, name)
+            key = f"{key}/{name}" if key else name
+        elif not os.path.lexists(target):
             normalized = _normalized(url.path)
             if normalized:
                 return self._redirect(normalized)
@@ -176,7 +176,7 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         except OSError:
             return self._error(404, "Not Found")
         try:
-            st = os.fstat(f.fileno()) if f else target.stat()
+            st = os.fstat(f.fileno()) if f else os.stat(target)
         except OSError:
             st = None
         try:
@@ -216,6 +216,11 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {span[0]}-{span[1]}/{size}")
         for k, v in common.items():
             self.send_header(k, v)
+        if f is not None and 0 < length <= SMALL:
+            # a page: headers and body in one write, one system call
+            self._headers_buffer.append(b"\r\n" + os.pread(f.fileno(), length, start))
+            self.flush_headers()
+            return
         self.end_headers()
         if f is None or length == 0:
             return
@@ -305,5 +310,6 @@ class PooledHTTPServer(http.server.HTTPServer):
 
 def make_server(root: Path, host: str = "127.0.0.1", port: int = 0,
                 threads: int = DEFAULT_THREADS) -> PooledHTTPServer:
-    handler = type("Handler", (IndexHandler,), {"root": Path(root).absolute()})
+    handler = type("Handler", (IndexHandler,), {"root": Path(root).absolute(),
+                                                "root_real": os.path.realpath(root)})
     return PooledHTTPServer((host, port), handler, threads)

@@ -155,6 +155,10 @@ def test_location_fragment_must_be_a_sha256(repo, tmp_path, fragment):
     (lambda d: d["wheels"][0].update(sha256="../../x"), "is not 64 lowercase hex"),
     (lambda d: d["wheels"][0].update(path="https://evil.example/w.whl"), "not a plain relative"),
     (lambda d: d["wheels"][0].update(path="../other.whl"), "does not end in its filename"),
+    (lambda d: d["wheels"][0].update(path="..%2F..%2F" + d["wheels"][0]["path"]),
+     "not a plain relative link"),
+    (lambda d: d["wheels"][0].update(path="../../../../../../" + d["wheels"][0]["path"]),
+     "leads out of the index"),
     (lambda d: d["wheels"][0].pop("python_tag"), "python_tag"),
     (lambda d: d.update(wheels="all"), "'wheels' must be a list"),
 ])

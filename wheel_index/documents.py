@@ -51,13 +51,15 @@ def parse_json_object(data: bytes, where: str) -> dict:
 
 def check_relative_url(value: object, where: str) -> str:
     """A percent-encoded relative link of the index: no scheme, no host, no
-    query, nothing that decodes to a control character or a backslash."""
+    query, no encoded '/', nothing that decodes to a control character or a
+    backslash."""
     if not isinstance(value, str) or not value:
         raise UserError(f"{where}: path must be a non-empty string")
     parts = urlsplit(value)
     decoded = unquote(value)
     if (parts.scheme or parts.netloc or parts.query or parts.fragment or value.startswith("/")
-            or "\\" in decoded or any(ord(c) < 32 or ord(c) == 127 for c in decoded)):
+            or "\\" in decoded or any(ord(c) < 32 or ord(c) == 127 for c in decoded)
+            or any("/" in unquote(seg) for seg in value.split("/"))):
         raise UserError(f"{where}: path {value[:120]!r} is not a plain relative link")
     return value
 

@@ -118,7 +118,11 @@ def pick_wheel(meta: dict, variant: str, index: str, level: str) -> tuple[dict, 
             best = (min(ranks), w)
     if best is None:
         return None
-    return best[1], join_url(f"{index}/{level}", best[1]["path"])
+    url = join_url(f"{index}/{level}", best[1]["path"])
+    if not url.startswith(f"{index}/"):
+        raise UserError(f"{index}/{level}/metadata.json: path {best[1]['path']!r} leads out of "
+                        "the index; refusing it")
+    return best[1], url
 
 
 def _base_commit(root: Path, env: Mapping[str, str]) -> str:

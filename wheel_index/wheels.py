@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import zipfile
 import zlib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path, PurePosixPath
 
 from packaging.utils import (
@@ -18,7 +18,13 @@ from packaging.version import Version
 
 from tools.errors import UserError
 from tools.variants import VARIANTS, main_cuda_variant
-from wheel_index.documents import parse_build_info, parse_core_metadata, parse_json_object
+from wheel_index.documents import (
+    check_commit,
+    check_sha256,
+    parse_build_info,
+    parse_core_metadata,
+    parse_json_object,
+)
 from wheel_index.layout import PROJECT
 
 BUILD_INFO = "engine/_build_info.json"
@@ -49,9 +55,17 @@ class WheelEntry:
     @classmethod
     def from_json(cls, data: bytes, where: str = "entry record") -> "WheelEntry":
         doc = parse_json_object(data, where)
-        if set(doc) != {f.name for f in fields(cls)}:
-            raise UserError(f"{where}: not an entry record (fields {sorted(doc)[:20]})")
-        return cls(**doc)
+        known = {f.name: f for f in fields(cls)}
+        missing = [n for n, f in known.items() if n not in doc and f.default is MISSING]
+        if missing:
+            raise UserError(f"{where}: not an entry record (no {', '.join(missing[:5])})")
+        check_sha256(doc["sha256"], where)
+        check_sha256(doc["metadata_sha256"], where)
+        check_commit(doc["commit"], where)
+        if not isinstance(doc["size"], int) or not isinstance(doc["filename"], str):
+            raise UserError(f"{where}: size or filename has the wrong type")
+        # fields a newer publisher added are left alone, not refused
+        return cls(**{k: v for k, v in doc.items() if k in known})
 
 
 def variant_of(version: Version) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import email.utils
 import http.client
-import os
 import signal
 import subprocess
 import sys

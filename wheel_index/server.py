@@ -226,7 +226,8 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
             return
         try:
             # straight from the page cache to the socket: nothing held in memory
-            self.connection.sendfile(f, start, length)
+            if self.connection.sendfile(f, start, length) != length:
+                self.close_connection = True  # the file shrank meanwhile: end the response
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             self.close_connection = True
 

@@ -79,7 +79,7 @@ def test_verify_quick_reads_sizes_full_reads_hashes(tmp_path, capsys):
     stored.write_bytes(bytes(data))
     capsys.readouterr()
     assert cli(["verify", "--index", str(idx)]) == 0
-    assert "(quick: wheel sizes from the listing" in capsys.readouterr().out
+    assert "(quick: wheel sizes and ETags from the listing" in capsys.readouterr().out
     assert cli(["verify", "--index", str(idx), "--full"]) == 1
     out = capsys.readouterr().out
     assert "(full: every wheel's sha256 checked)" in out and "has sha256" in out
@@ -98,6 +98,23 @@ def test_verify_quick_does_not_read_wheels(tmp_path):
     assert not [k for k in read if k.endswith(".whl")]
     assert maintain.verify(store, log=lambda m: None, full=True) == []
     assert [k for k in read if k.endswith(".whl")]
+
+
+def test_verify_quick_sees_a_replaced_s3_object_by_its_etag(s3_env, tmp_path):
+    store = open_storage(f"s3://{s3_env}/wheels")
+    w = wheel(tmp_path)
+    publish(store, A, [w], commit_time="1", log=lambda m: None)
+    assert maintain.verify(store, log=lambda m: None) == []
+    data = bytearray(w.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    store.client.put_object(Bucket=s3_env, Key=f"wheels/{A}/cpu/vllm-engine/{w.name}",
+                            Body=bytes(data))
+    read = []
+    real = store.read
+    store.read = lambda key: read.append(key) or real(key)
+    problems = maintain.verify(store, log=lambda m: None)
+    assert any("replaced since it was published (ETag" in p for p in problems), problems
+    assert not [k for k in read if k.endswith(".whl")]
 
 
 class RefusingClient:

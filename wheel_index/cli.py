@@ -100,7 +100,7 @@ def run(args) -> int:
     if args.command == "verify":
         problems = verify(storage, full=args.full)
         mode = ("full: every wheel's sha256 checked" if args.full else
-                "quick: wheel sizes from the listing; --full checks every sha256")
+                "quick: wheel sizes and ETags from the listing; --full checks every sha256")
         print(f"{len(problems)} problem(s) in {storage.describe()} ({mode})")
         return 1 if problems else 0
     if args.command == "ls":

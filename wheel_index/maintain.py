@@ -107,12 +107,14 @@ def _link_key(base: str, url: str) -> str:
 def verify(storage: Storage, log=print, full: bool = False) -> list[str]:
     """Every problem found; empty when every page matches the stored files.
 
-    Quick (the default) takes every wheel's size from one listing and checks it
-    against the entry records and the JSON pages; only pages and the small
-    .metadata files are read. Full also reads every wheel and checks its sha256.
+    Quick (the default) takes every wheel's size and ETag from one listing and
+    checks them against the entry records and the JSON pages; only pages and
+    the small .metadata files are read. Full also reads every wheel and checks
+    its sha256.
     """
     problems: list[str] = []
-    sizes = storage.sizes("")
+    stats = storage.stats("")
+    sizes = {k: size for k, (size, _) in stats.items()}
     hashes: dict[str, str | None] = {}  # key -> sha256; each file read once
 
     def digest(key: str) -> str | None:
@@ -156,6 +158,9 @@ def verify(storage: Storage, log=print, full: bool = False) -> list[str]:
             elif entry.size != sizes[key]:
                 problems.append(f"{page_key}: {name}: size {sizes[key]} differs from the entry "
                                 f"record's {entry.size}")
+            elif entry.etag and stats[key][1] and entry.etag != stats[key][1]:
+                problems.append(f"{page_key}: {name}: the stored object was replaced since it "
+                                f"was published (ETag {stats[key][1]}, published {entry.etag})")
             if full and digest(key) != sha:
                 problems.append(f"{page_key}: {name} has sha256 {digest(key)}, the page says {sha}")
         doc = storage.read(f"{proj}/index.json")

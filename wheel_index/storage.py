@@ -39,8 +39,16 @@ class Storage(ABC):
         """Every key under prefix/ (recursively), sorted."""
 
     @abstractmethod
+    def stats(self, prefix: str) -> dict[str, tuple[int, str | None]]:
+        """Every key under prefix ("" for all): its size and ETag (None on a
+        folder), from one listing."""
+
     def sizes(self, prefix: str) -> dict[str, int]:
-        """Every key under prefix ("" for all) and its size, from one listing."""
+        return {k: size for k, (size, _) in self.stats(prefix).items()}
+
+    @abstractmethod
+    def etag(self, key: str) -> str | None:
+        """The stored object's ETag; None on a folder."""
 
     @abstractmethod
     def list_dirs(self, prefix: str = "") -> list[str]:
@@ -102,7 +110,7 @@ class LocalStorage(Storage):
     def list(self, prefix):
         return sorted(self.sizes(prefix))
 
-    def sizes(self, prefix):
+    def stats(self, prefix):
         base = self._path(prefix)
         if not base.is_dir():
             return {}
@@ -111,8 +119,11 @@ class LocalStorage(Storage):
             for name in files:
                 if not name.startswith(TMP_PREFIX):
                     p = Path(dirpath, name)
-                    out[p.relative_to(self.root).as_posix()] = p.stat().st_size
+                    out[p.relative_to(self.root).as_posix()] = (p.stat().st_size, None)
         return out
+
+    def etag(self, key):
+        return None
 
     def list_dirs(self, prefix=""):
         base = self._path(prefix)
@@ -204,11 +215,18 @@ class S3Storage(Storage):
     def list(self, prefix):
         return sorted(self.sizes(prefix))
 
-    def sizes(self, prefix):
+    def stats(self, prefix):
         full = self._key(prefix).rstrip("/") + "/" if (prefix or self.prefix) else ""
         strip = len(self._key("")) if self.prefix else 0
-        return {o["Key"][strip:]: o["Size"] for page in self._paginate(Prefix=full)
+        return {o["Key"][strip:]: (o["Size"], o.get("ETag"))
+                for page in self._paginate(Prefix=full)
                 for o in page.get("Contents", []) if not o["Key"].endswith("/")}
+
+    def etag(self, key):
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key)).get("ETag")
+        except Exception as exc:
+            raise self._errors(f"reading the ETag of {key}", exc) from None
 
     def list_dirs(self, prefix=""):
         full = self._key(prefix).rstrip("/") + "/" if (prefix or self.prefix) else ""

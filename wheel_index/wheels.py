@@ -48,6 +48,9 @@ class WheelEntry:
     upload_time: str
     commit: str
     commit_time: int
+    #: what the storage answered for the stored wheel (S3's ETag), so a quick
+    #: verify sees a replaced object from a listing alone; None on a folder
+    etag: str | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 
 from helpers import make_wheel
 from tools.errors import UserError
@@ -177,3 +178,34 @@ def test_metadata_json(doc):
     # what passed the checks is safe to pick from and to join into a URL
     pick_wheel(meta, "cpu", "http://127.0.0.1:1/idx", "nightly/cpu")
     pick_wheel(meta, "cpu", "/tmp/idx", "nightly/cpu")
+
+
+GOOD_ENTRY = {"filename": "w.whl", "name": "vllm-engine", "version": VERSION, "variant": "cpu",
+              "python_tag": "cp38", "abi_tag": "abi3", "platform_tag": "any", "sha256": "0" * 64,
+              "size": 1, "metadata_sha256": "1" * 64, "requires_python": None,
+              "upload_time": "2026-01-01T00:00:00Z", "commit": A, "commit_time": 1}
+
+
+@FAST
+@given(st.one_of(
+    st.binary(max_size=100),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.builds(lambda key, value: json.dumps({**GOOD_ENTRY, key: value}).encode(),
+              st.sampled_from(sorted(GOOD_ENTRY)), json_values | st.text(max_size=20)),
+))
+def test_entry_records(data):
+    """The records pages are rendered from, read back from storage."""
+    from wheel_index.wheels import WheelEntry
+
+    try:
+        e = WheelEntry.from_json(data, "x.entry.json")
+    except UserError:
+        return
+    # what publish and the pages do with a record that passed
+    from wheel_index import pages
+
+    sorted([e, e], key=lambda x: (Version(x.version), x.filename))
+    pages.project_html([e], "nightly/cpu")
+    pages.project_json([e], "nightly/cpu")
+    pages.level_metadata([e], "nightly/cpu", {"commit": A})
+

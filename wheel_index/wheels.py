@@ -14,7 +14,7 @@ from packaging.utils import (
     canonicalize_version,
     parse_wheel_filename,
 )
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from tools.errors import UserError
 from tools.variants import VARIANTS, main_cuda_variant
@@ -62,11 +62,18 @@ class WheelEntry:
         missing = [n for n, f in known.items() if n not in doc and f.default is MISSING]
         if missing:
             raise UserError(f"{where}: not an entry record (no {', '.join(missing[:5])})")
+        types = {"str": (str,), "int": (int,), "str | None": (str, type(None))}
+        for name, f in known.items():
+            if name in doc and not isinstance(doc[name], types[f.type]):
+                raise UserError(f"{where}: {name} must be {f.type}, not "
+                                f"{type(doc[name]).__name__}")
         check_sha256(doc["sha256"], where)
         check_sha256(doc["metadata_sha256"], where)
         check_commit(doc["commit"], where)
-        if not isinstance(doc["size"], int) or not isinstance(doc["filename"], str):
-            raise UserError(f"{where}: size or filename has the wrong type")
+        try:
+            Version(doc["version"])
+        except InvalidVersion:
+            raise UserError(f"{where}: version {doc['version'][:60]!r} is not valid") from None
         # fields a newer publisher added are left alone, not refused
         return cls(**{k: v for k, v in doc.items() if k in known})
 

@@ -64,7 +64,7 @@ class WheelEntry:
             raise UserError(f"{where}: not an entry record (no {', '.join(missing[:5])})")
         types = {"str": (str,), "int": (int,), "str | None": (str, type(None))}
         for name, f in known.items():
-            if name in doc and not isinstance(doc[name], types[f.type]):
+            if name in doc and not isinstance(doc[name], types.get(f.type, object)):
                 raise UserError(f"{where}: {name} must be {f.type}, not "
                                 f"{type(doc[name]).__name__}")
         check_sha256(doc["sha256"], where)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import UV, PlusAsSpaceServer, make_wheel, run
+from tools.errors import UserError
 from tools.precompiled import install_kernels
 from tools.precompiled.fetch import fetch
 from wheel_index import maintain
@@ -111,3 +112,14 @@ def test_a_folder_index_is_read_decoded(s3_like, tmp_path):
     (tmp_path / "src").mkdir()
     choice = install_kernels(tmp_path / "src", env, log=lambda m: None)
     assert Path(choice.url).is_file() and Path(choice.url).name == w.name
+
+
+def test_a_cache_that_is_not_a_folder_is_named(s3_like, tmp_path):
+    url, _, _ = s3_like
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "src").mkdir()
+    env = {"VLLM_PRECOMPILED_WHEEL_INDEX": url, "VLLM_PRECOMPILED_WHEEL_COMMIT": "nightly",
+           "VLLM_PRECOMPILED_WHEEL_VARIANT": "cpu", "VLLM_PRECOMPILED_CACHE": str(tmp_path / "file")}
+    with pytest.raises(UserError, match="set VLLM_PRECOMPILED_CACHE to a writable folder"):
+        install_kernels(tmp_path / "src", env, log=lambda m: None)
+    assert not (tmp_path / "src" / "engine").exists()

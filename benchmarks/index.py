@@ -95,7 +95,8 @@ def bench_dry_run(tmp: Path) -> None:
     w = make_wheel(tmp / "big", "0.1.dev1+g1234567.cpu", commit=c, body=body)
     publish(open_storage(str(idx)), c, [w], nightly=True, commit_time="1", log=lambda m: None)
     server = make_server(idx)
-    server.RequestHandlerClass = type("H", (Counting,), {"root": idx.absolute()})
+    server.RequestHandlerClass = type("H", (Counting,), {"root": idx.absolute(),
+                                                         "root_real": os.path.realpath(idx)})
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/nightly/cpu"
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or "uv"

@@ -59,6 +59,25 @@ class Server:
         self.httpd.server_close()
 
 
+class PlusAsSpaceServer(Server):
+    """A static server that reads '+' in a URL path as a space, as S3's REST and
+    website endpoints (and CDNs in front of them) do."""
+
+    def __init__(self, root: Path):
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def translate_path(self, path):
+                return super().translate_path(path.replace("+", "%20"))
+
+            def log_message(self, *args):
+                pass
+
+        handler = lambda *a, **kw: Handler(*a, directory=str(root), **kw)  # noqa: E731
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+
 def build_torch_mirror(root: Path, wheelhouse: Path) -> Path:
     """A PEP 503 mirror laid out like PyTorch's: <root>/cpu/torch/index.html."""
     page = root / "cpu" / "torch"

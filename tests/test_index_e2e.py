@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import UV, make_venv, run
+from helpers import UV, PlusAsSpaceServer, make_venv, run
 from wheel_index.publish import publish
 from wheel_index.server import make_server
 from wheel_index.storage import open_storage
@@ -24,6 +24,15 @@ SMOKE = ("import torch, engine; x = torch.randn(2, 32); o = torch.empty_like(x);
 def _commit_and_version(wheel: Path) -> tuple[str, str]:
     info = json.loads(zipfile.ZipFile(wheel).read("engine/_build_info.json"))
     return info["git_commit"], wheel.name.split("-")[1]
+
+
+@pytest.fixture(scope="module")
+def published_folder(cpu_wheel, tmp_path_factory):
+    idx = tmp_path_factory.mktemp("index")
+    commit, _ = _commit_and_version(cpu_wheel)
+    publish(open_storage(str(idx)), commit, [cpu_wheel], nightly=True, commit_time="1000",
+            log=lambda m: None)
+    return idx
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +85,24 @@ def test_uv_installs_from_s3_through_its_http_endpoint(cpu_wheel, s3_env, moto_s
          f"{base}/nightly/cpu", "--extra-index-url", f"{torch_mirror}/cpu",
          "--index-strategy", "first-index"])
     assert run([py, "-c", SMOKE], cwd=tmp_path).stdout.strip() == version
+
+
+def test_uv_and_pip_install_where_plus_reads_as_space(cpu_wheel, published_folder, torch_mirror,
+                                                      tmp_path):
+    """Served as S3 serves it ('+' in a path is a space): the percent-encoded
+    links still resolve, for uv from nightly and for pip from the commit's page."""
+    commit, version = _commit_and_version(cpu_wheel)
+    server = PlusAsSpaceServer(published_folder)
+    try:
+        py = make_venv(tmp_path / "uv")
+        run([UV, "pip", "install", "--python", py, "vllm-engine", "--extra-index-url",
+             f"{server.url}/nightly/cpu", "--extra-index-url", f"{torch_mirror}/cpu",
+             "--index-strategy", "first-index"], env={"UV_CACHE_DIR": str(tmp_path / "c")})
+        assert run([py, "-c", SMOKE], cwd=tmp_path).stdout.strip() == version
+        run([UV, "venv", "-q", "--seed", "--python", sys.executable, tmp_path / "pip"])
+        pip_py = tmp_path / "pip" / "bin" / "python"
+        run([pip_py, "-m", "pip", "install", "-q", "--no-cache-dir", f"vllm-engine=={version}",
+             "--extra-index-url", f"{server.url}/{commit}/cpu"])
+        assert run([pip_py, "-c", SMOKE], cwd=tmp_path).stdout.strip() == version
+    finally:
+        server.close()

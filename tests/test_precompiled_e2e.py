@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, UV, free_port, make_venv, run
+from helpers import REPO, UV, PlusAsSpaceServer, free_port, make_venv, run
 from wheel_index.publish import publish
 from wheel_index.server import make_server
 from wheel_index.storage import open_storage
@@ -198,3 +198,17 @@ def test_server_down_names_the_url(repo, torch_mirror, tmp_path):
                      check=False)
     assert res.returncode != 0 and f"cannot reach the wheel index at {url}" in res.stderr
     assert "Traceback" not in res.stderr and no_kernels_in(repo)
+
+
+def test_served_where_plus_reads_as_space(repo, published, torch_mirror, tmp_path):
+    """An index behind S3 or a CDN, which read '+' in a path as a space: the
+    percent-encoded path in metadata.json still finds the wheel."""
+    idx, _, commit = published
+    server = PlusAsSpaceServer(idx)
+    try:
+        py, _ = install(repo, tmp_path, torch_mirror,
+                        {"VLLM_PRECOMPILED_WHEEL_INDEX": server.url})
+    finally:
+        server.close()
+    used = smoke(py, tmp_path)
+    assert used["commit"] == commit and "%2B" in used["source"]

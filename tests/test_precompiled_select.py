@@ -108,3 +108,71 @@ def test_explicit_commit_and_bad_values(repo):
     with pytest.raises(UserError, match="valid variants"):
         choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_VARIANT="cu118"),
                      log=lambda m: None)
+
+
+def test_not_found_names_index_commit_variant_and_the_variables(repo):
+    origin, index, commits = repo
+    with pytest.raises(UserError) as exc:
+        choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_COMMIT=commits[2]),
+                     log=lambda m: None)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    for needed in (str(index), commits[2], "cpu", "VLLM_PRECOMPILED_WHEEL_INDEX",
+                   "VLLM_PRECOMPILED_WHEEL_COMMIT", "VLLM_PRECOMPILED_WHEEL_VARIANT"):
+        assert needed in msg, needed
+
+
+def test_an_index_folder_that_does_not_exist_is_named(repo, tmp_path, monkeypatch):
+    origin, _, _ = repo
+    with pytest.raises(UserError, match=r"VLLM_PRECOMPILED_WHEEL_INDEX=.*missing: no such folder"):
+        choose_wheel(origin, env(tmp_path / "missing"), log=lambda m: None)
+    import tools.precompiled.select as select
+
+    monkeypatch.setattr(select, "DEFAULT_WHEEL_INDEX", tmp_path / "no-index")
+    with pytest.raises(UserError, match="VLLM_PRECOMPILED_WHEEL_INDEX is unset and the "
+                                        "project's folder index .*no-index does not exist"):
+        choose_wheel(origin, {"VLLM_PRECOMPILED_WHEEL_VARIANT": "cpu"}, log=lambda m: None)
+    with pytest.raises(UserError, match="use a folder, file://"):
+        choose_wheel(origin, env("s3://bucket/x"), log=lambda m: None)
+
+
+@pytest.mark.parametrize("fragment", ["#sha256=../../etc", "#sha256=" + "g" * 64,
+                                      "#sha256=" + "a" * 63, "#md5=abc"])
+def test_location_fragment_must_be_a_sha256(repo, tmp_path, fragment):
+    origin, _, _ = repo
+    with pytest.raises(UserError, match="VLLM_PRECOMPILED_WHEEL_LOCATION"):
+        choose_wheel(origin, {"VLLM_PRECOMPILED_WHEEL_VARIANT": "cpu",
+                              "VLLM_PRECOMPILED_WHEEL_LOCATION": f"/x/w.whl{fragment}"},
+                     log=lambda m: None)
+    good = choose_wheel(origin, {"VLLM_PRECOMPILED_WHEEL_VARIANT": "cpu",
+                                 "VLLM_PRECOMPILED_WHEEL_LOCATION": "/x/w.whl#sha256=" + "A" * 64},
+                        log=lambda m: None)
+    assert good.sha256 == "a" * 64
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda d: d.update(commit="$(rm -rf ~)"), "commit .* is not 40 lowercase hex"),
+    (lambda d: d["wheels"][0].update(sha256="../../x"), "is not 64 lowercase hex"),
+    (lambda d: d["wheels"][0].update(path="https://evil.example/w.whl"), "not a plain relative"),
+    (lambda d: d["wheels"][0].update(path="../other.whl"), "does not end in its filename"),
+    (lambda d: d["wheels"][0].update(path="..%2F..%2F" + d["wheels"][0]["path"]),
+     "not a plain relative link"),
+    (lambda d: d["wheels"][0].update(path="../../../../../../" + d["wheels"][0]["path"]),
+     "leads out of the index"),
+    (lambda d: d["wheels"][0].pop("python_tag"), "python_tag"),
+    (lambda d: d.update(wheels="all"), "'wheels' must be a list"),
+])
+def test_nightly_metadata_is_checked_before_use(repo, change, says):
+    origin, index, commits = repo
+    publish(open_storage(str(index)), commits[1],
+            [make_wheel(index.parent / "n", f"0.1.dev1+g{commits[1][:9]}.cpu", commit=commits[1])],
+            nightly=True, commit_time="1", log=lambda m: None)
+    doc_path = index / "nightly" / "cpu" / "metadata.json"
+    import json
+
+    doc = json.loads(doc_path.read_text())
+    change(doc)
+    doc_path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=says):
+        choose_wheel(origin, env(index, VLLM_PRECOMPILED_WHEEL_COMMIT="nightly"),
+                     log=lambda m: None)

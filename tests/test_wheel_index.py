@@ -5,10 +5,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -60,8 +62,9 @@ def test_publish_writes_pep503_691_658_pages(store, tmp_path):
     r = publish(store, A, [x86, arm], nightly=True, commit_time="100", log=lambda m: None)
     assert sorted(r.stored) == sorted([x86.name, arm.name])
     page = store.read(f"{A}/cpu/vllm-engine/index.html").decode()
-    for w in (x86, arm):
-        assert f"{w.name}#sha256=" in page
+    for w in (x86, arm):  # percent-encoded: S3 and CDNs read a literal '+' as a space
+        assert f"{quote(w.name)}#sha256=" in page and "%2B" in quote(w.name)
+    assert "+" not in "".join(re.findall(r'href="([^"]+)"', page))
     assert 'data-requires-python="&gt;=3.10"' in page
     assert "data-core-metadata=\"sha256=" in page and "data-dist-info-metadata=\"sha256=" in page
     doc = json.loads(store.read(f"{A}/cpu/vllm-engine/index.json"))
@@ -73,6 +76,8 @@ def test_publish_writes_pep503_691_658_pages(store, tmp_path):
     assert {w["platform_tag"] for w in meta["wheels"]} == {"manylinux_2_34_x86_64",
                                                           "manylinux_2_34_aarch64"}
     assert meta["wheels"][0]["path"].startswith("vllm-engine/") and meta["commit"] == A
+    assert all("%2B" in w["path"] and "+" not in w["path"] for w in meta["wheels"])
+    assert all("%2B" in f["url"] and "+" not in f["url"] for f in doc["files"])
     nightly = json.loads(store.read("nightly/cpu/metadata.json"))
     assert nightly["commit"] == A and nightly["wheels"][0]["path"].startswith(f"../../{A}/")
     # stored once: nightly links to the commit's file, it holds no copy
@@ -322,9 +327,9 @@ def test_serve_pages_json_negotiation_and_cache_headers(served):
     assert r.getheader("Content-Type") == "application/vnd.pypi.simple.v1+json"
     assert json.loads(body)["meta"]["api-version"] == "1.1"
     href = json.loads(body)["files"][0]["url"]
-    from urllib.parse import quote, urljoin  # as pip and uv resolve a relative link
+    from urllib.parse import urljoin  # as pip and uv resolve a relative link (already encoded)
 
-    r, _ = get(addr, quote(urljoin("/nightly/cpu/vllm-engine/", href)))
+    r, _ = get(addr, urljoin("/nightly/cpu/vllm-engine/", href))
     assert r.status == 200 and r.getheader("Cache-Control") == IMMUTABLE
     r, _ = get(addr, "/nightly/cpu/vllm-engine", method="HEAD")
     assert r.status == 301

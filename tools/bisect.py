@@ -33,6 +33,7 @@ from tools.target import detect
 from tools.variants import get_variant
 from wheel_index.variant_wheels import UV_PREVIEW, is_variant_wheel
 from wheel_index.variants_level import VARIANTS
+from wheel_index.documents import parse_metadata_json
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
@@ -87,7 +88,10 @@ class Installer:
         # The per-variant level first, else the commit's variants level (variant wheels).
         for level in (f"{commit}/{self.variant}", f"{commit}/{VARIANTS}"):
             data = get_bytes(f"{self.index}/{level}/metadata.json")
-            picked = data and pick_wheel(json.loads(data), self.variant, self.index, level)
+            if data is None:
+                continue
+            meta = parse_metadata_json(data, f"{self.index}/{level}/metadata.json")
+            picked = pick_wheel(meta, self.variant, self.index, level)
             if picked:
                 w, url = picked
                 return url, w["sha256"]

@@ -10,7 +10,8 @@ from pathlib import Path
 from tools.errors import UserError
 from wheel_index.maintain import pointers, prune, published, verify
 from wheel_index.publish import publish
-from wheel_index.storage import LocalStorage, open_storage
+from wheel_index.server import DEFAULT_THREADS
+from wheel_index.storage import LocalStorage, open_index
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--index", required=True)
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                     help=f"connections served at once (default {DEFAULT_THREADS}); more wait")
 
     pr = sub.add_parser("prune", help="remove old commits (never nightly's or a release's)")
     pr.add_argument("--index", **idx)
@@ -42,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ve = sub.add_parser("verify", help="check every page against the stored files")
     ve.add_argument("--index", **idx)
+    ve.add_argument("--full", action="store_true",
+                    help="also read every wheel and check its sha256 (default: quick, sizes "
+                         "from the listing)")
 
     ls = sub.add_parser("ls", help="what is published, newest first")
     ls.add_argument("--index", **idx)
@@ -54,17 +60,27 @@ def run(args) -> int:
     if args.command == "serve":
         from wheel_index.server import make_server
 
-        root = Path(args.index.removeprefix("file://"))
-        if not root.is_dir():
-            raise UserError(f"--index {args.index}: no such folder")
-        server = make_server(root, args.host, args.port)
-        print(f"serving {root} on http://{args.host}:{server.server_address[1]}/", flush=True)
+        storage = open_index(args.index)
+        if not isinstance(storage, LocalStorage):
+            raise UserError(f"--index {args.index}: serve takes a folder; an S3 bucket is served "
+                            "by its own HTTP endpoint or CDN")
+        if args.threads < 1:
+            raise UserError(f"--threads {args.threads}: give at least 1")
+        try:
+            server = make_server(storage.root, args.host, args.port, threads=args.threads)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+                            "choose another --port") from None
+        print(f"serving {storage.root} on http://{args.host}:{server.server_address[1]}/",
+              flush=True)
         try:
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # Ctrl-C: stop listening, cut open connections, exit 0
+            print("stopped", flush=True)
+        finally:
+            server.server_close()
         return 0
-    storage = open_storage(args.index)
+    storage = open_index(args.index, create=args.command == "publish")
     if args.command == "publish":
         if isinstance(storage, LocalStorage):
             storage.root.mkdir(parents=True, exist_ok=True)
@@ -86,8 +102,10 @@ def run(args) -> int:
               dry_run=args.dry_run)
         return 0
     if args.command == "verify":
-        problems = verify(storage)
-        print(f"{len(problems)} problem(s) in {storage.describe()}")
+        problems = verify(storage, full=args.full)
+        mode = ("full: every wheel's sha256 checked" if args.full else
+                "quick: wheel sizes and ETags from the listing; --full checks every sha256")
+        print(f"{len(problems)} problem(s) in {storage.describe()} ({mode})")
         return 1 if problems else 0
     if args.command == "ls":
         marks: dict[str, list[str]] = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from urllib.parse import quote
 
 PROJECT = "vllm-engine"
 NIGHTLY = "nightly"
@@ -39,10 +40,17 @@ def project_dir(view_dir: str) -> str:
     return f"{view_dir}/{PROJECT}" if view_dir else PROJECT
 
 
+def url_path(rel: str) -> str:
+    """Percent-encode each segment of a relative path (RFC 3986). S3's REST and
+    website endpoints and CDNs in front of them read a literal '+' in a path as
+    a space, and every wheel's local version has one: it must go as %2B."""
+    return "/".join(quote(seg, safe="") for seg in rel.split("/"))
+
+
 def href(file_key: str, view_dir: str) -> str:
     """A link from a view's project page to a stored file, relative so that the
-    index can be moved or served under any prefix."""
-    return posixpath.relpath(file_key, project_dir(view_dir))
+    index can be moved or served under any prefix, and percent-encoded."""
+    return url_path(posixpath.relpath(file_key, project_dir(view_dir)))
 
 
 def cache_control(key: str) -> str:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from tools.errors import UserError
+from wheel_index.documents import parse_metadata_json
 from wheel_index.layout import COMMIT_RE, ENTRY_SUFFIX, METADATA_SUFFIX, PROJECT, project_dir
 from wheel_index.publish import entries_in
 from wheel_index.storage import Storage
+from wheel_index.wheels import WheelEntry
 
 
 @dataclass
@@ -51,7 +53,7 @@ def pointers(storage: Storage) -> dict[str, str]:
         for view in [top] + [f"{top}/{sub}" for sub in storage.list_dirs(top) if sub != PROJECT]:
             data = storage.read(f"{view}/metadata.json")
             if data:
-                out[view] = json.loads(data)["commit"]
+                out[view] = parse_metadata_json(data, f"{view}/metadata.json")["commit"]
     return out
 
 
@@ -78,83 +80,128 @@ def prune(storage: Storage, *, keep_days: int | None = None, keep_commits: int |
         if not dry_run:
             keys = storage.list(p.commit)
             files = [k for k in keys if k.endswith((".whl", METADATA_SUFFIX, ENTRY_SUFFIX))]
-            storage.delete([k for k in keys if k not in files])  # pages first: no dangling link
-            storage.delete(files)
-            if storage.dir_keys:
-                storage.delete([f"{p.commit}/", f"{p.commit}/{PROJECT}/"] + [
-                    f"{p.commit}/{v}/{s}" for v in p.variants for s in ("", f"{PROJECT}/")])
+            records = [k for k in files if k.endswith(ENTRY_SUFFIX)]
+            # pages first (no dangling link), entry records last (while one is left, the
+            # commit still counts as published and a rerun retries); a failure stops there
+            try:
+                storage.delete([k for k in keys if k not in files])
+                storage.delete([k for k in files if k not in records])
+                storage.delete(records)
+                if storage.dir_keys:
+                    storage.delete([f"{p.commit}/", f"{p.commit}/{PROJECT}/"] + [
+                        f"{p.commit}/{v}/{s}" for v in p.variants for s in ("", f"{PROJECT}/")])
+            except UserError as exc:
+                raise UserError(f"prune stopped at {p.commit}: {exc}; nothing after it was "
+                                "removed, run prune again") from None
     return removed
 
 
 HREF = re.compile(r'<a href="([^"#]+)#sha256=([0-9a-f]{64})"([^>]*)>([^<]+)</a>')
 
 
-def verify(storage: Storage, log=print) -> list[str]:
-    """Every problem found; empty when every page matches the stored files."""
-    problems: list[str] = []
-    seen: dict[str, tuple[str, int] | None] = {}  # key -> (sha256, size); each file read once
+def _link_key(base: str, url: str) -> str:
+    """The storage key a page's percent-encoded relative link points at."""
+    return posixpath.normpath(posixpath.join(base, unquote(url)))
 
-    def stat(key: str) -> tuple[str, int] | None:
-        if key not in seen:
-            data = storage.read(key)
-            seen[key] = (hashlib.sha256(data).hexdigest(), len(data)) if data is not None else None
-        return seen[key]
+
+def verify(storage: Storage, log=print, full: bool = False) -> list[str]:
+    """Every problem found; empty when every page matches the stored files.
+
+    Quick (the default) takes every wheel's size and ETag from one listing and
+    checks them against the entry records and the JSON pages; only pages and
+    the small .metadata files are read. Full also reads every wheel and checks
+    its sha256.
+    """
+    problems: list[str] = []
+    stats = storage.stats("")
+    sizes = {k: size for k, (size, _) in stats.items()}
+    hashes: dict[str, str | None] = {}  # key -> sha256; each file read once
 
     def digest(key: str) -> str | None:
-        found = stat(key)
-        return found[0] if found else None
+        if key not in hashes:
+            data = storage.read(key) if key in sizes else None
+            hashes[key] = hashlib.sha256(data).hexdigest() if data is not None else None
+        return hashes[key]
+
+    def record(key: str, where: str):
+        data = storage.read(key + ENTRY_SUFFIX)
+        try:
+            return WheelEntry.from_json(data, key + ENTRY_SUFFIX) if data is not None else None
+        except UserError as exc:
+            problems.append(f"{where}: {exc}")
+            return None
 
     views = []
     for top in storage.list_dirs(""):
         views.append(top)
         views += [f"{top}/{sub}" for sub in storage.list_dirs(top) if sub != PROJECT]
     for view in views:
-        page_key = f"{project_dir(view)}/index.html"
+        proj = project_dir(view)
+        page_key = f"{proj}/index.html"
         page = storage.read(page_key)
         if page is None:
             continue
-        links = HREF.findall(page.decode())
+        links = HREF.findall(page.decode("utf-8", "replace"))
         listed = set()
         for url, sha, attrs, name in links:
-            key = posixpath.normpath(posixpath.join(project_dir(view), unquote(url)))
+            key = _link_key(proj, url)
             listed.add(key)
-            actual = digest(key)
-            if actual is None:
+            if key not in sizes:
                 problems.append(f"{page_key}: dangling link to {key}")
                 continue
-            if actual != sha:
-                problems.append(f"{page_key}: {name} has sha256 {actual}, the page says {sha}")
-            if name.endswith("-variants.json"):
+            small = name.endswith("-variants.json")  # index metadata: always hashed
+            if (full or small) and digest(key) != sha:
+                problems.append(f"{page_key}: {name} has sha256 {digest(key)}, the page says {sha}")
+            if small:
                 continue  # PEP 825 index metadata: no core metadata, no entry record
             m = re.search(r'data-core-metadata="sha256=([0-9a-f]{64})"', attrs)
-            meta = digest(key + METADATA_SUFFIX)
-            if not m or meta != m.group(1):
+            if not m or digest(key + METADATA_SUFFIX) != m.group(1):
                 problems.append(f"{page_key}: {name}: core metadata missing or its hash differs")
-            entry = storage.read(key + ENTRY_SUFFIX)
-            if entry is None or json.loads(entry)["sha256"] != actual:
+            entry = record(key, page_key)
+            if entry is None or entry.sha256 != sha:
                 problems.append(f"{page_key}: {name}: entry record missing or disagrees")
-            elif json.loads(entry)["size"] != stat(key)[1]:
-                problems.append(f"{page_key}: {name}: size differs from the entry record")
-        doc = storage.read(f"{project_dir(view)}/index.json")
+            elif entry.size != sizes[key]:
+                problems.append(f"{page_key}: {name}: size {sizes[key]} differs from the entry "
+                                f"record's {entry.size}")
+            elif entry.etag and stats[key][1] and entry.etag != stats[key][1]:
+                problems.append(f"{page_key}: {name}: the stored object was replaced since it "
+                                f"was published (ETag {stats[key][1]}, published {entry.etag})")
+        doc = storage.read(f"{proj}/index.json")
         if doc is None:
             problems.append(f"{view}: PEP 691 index.json is missing")
         else:
-            files = {posixpath.normpath(posixpath.join(project_dir(view), unquote(f["url"]))):
-                     f["hashes"]["sha256"] for f in json.loads(doc)["files"]}
-            if files != {posixpath.normpath(posixpath.join(project_dir(view), unquote(u))): s
-                         for u, s, _, _ in links}:
-                problems.append(f"{view}: index.json and index.html list different files")
+            try:
+                files = json.loads(doc)["files"]
+                by_key = {_link_key(proj, f["url"]): f for f in files}
+                if {k: f["hashes"]["sha256"] for k, f in by_key.items()} != {
+                        _link_key(proj, u): s for u, s, _, _ in links}:
+                    problems.append(f"{view}: index.json and index.html list different files")
+                for k, f in by_key.items():
+                    if k in sizes and f.get("size") != sizes[k]:
+                        problems.append(f"{view}: index.json says {f.get('filename')} has "
+                                        f"{f.get('size')} bytes, the stored file {sizes[k]}")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                problems.append(f"{view}: index.json is not a PEP 691 project page")
         meta = storage.read(f"{view}/metadata.json")
         if meta is None:
             problems.append(f"{view}: metadata.json is missing")
         else:
-            for w in json.loads(meta)["wheels"]:
-                key = posixpath.normpath(posixpath.join(view, w["path"]))
-                if digest(key) != w["sha256"]:
-                    problems.append(f"{view}/metadata.json: {w['path']} missing or hash differs")
+            try:
+                wheels = parse_metadata_json(meta, f"{view}/metadata.json")["wheels"]
+            except UserError as exc:
+                problems.append(str(exc))
+                wheels = []
+            for w in wheels:
+                key = _link_key(view, w["path"])
+                entry = record(key, f"{view}/metadata.json") if key in sizes else None
+                if entry is None or entry.sha256 != w["sha256"] or sizes[key] != w["size"]:
+                    problems.append(f"{view}/metadata.json: {w['path']} missing, or its size "
+                                    "or hash differs")
+                elif full and digest(key) != w["sha256"]:
+                    problems.append(f"{view}/metadata.json: {w['path']} hash differs")
         first = view.split("/")[0]
         if COMMIT_RE.fullmatch(first) and view.count("/") == 1:
-            stored = {k[:-len(ENTRY_SUFFIX)] for k in storage.list(project_dir(view))
+            stored = {k[:-len(ENTRY_SUFFIX)] for k in storage.list(proj)
                       if k.endswith(ENTRY_SUFFIX)}
             for missing in sorted(stored - listed):
                 problems.append(f"{page_key}: does not list stored wheel {missing}")

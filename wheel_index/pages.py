@@ -8,7 +8,7 @@ import json
 
 from packaging.version import Version
 
-from wheel_index.layout import PROJECT, href
+from wheel_index.layout import PROJECT, href, url_path
 from wheel_index.wheels import WheelEntry
 
 API_VERSION = "1.1"
@@ -60,7 +60,8 @@ def root_json() -> bytes:
 
 
 def level_metadata(entries: list[WheelEntry], view_dir: str, pointer: dict) -> bytes:
-    """metadata.json of a view: the wheels, with paths relative to the view's folder."""
+    """metadata.json of a view: the wheels, with percent-encoded paths relative
+    to the view's folder."""
     import posixpath
 
     wheels = [{
@@ -71,7 +72,7 @@ def level_metadata(entries: list[WheelEntry], view_dir: str, pointer: dict) -> b
         "python_tag": e.python_tag,
         "abi_tag": e.abi_tag,
         "platform_tag": e.platform_tag,
-        "path": posixpath.relpath(_file_key(e), view_dir or "."),
+        "path": url_path(posixpath.relpath(_file_key(e), view_dir or ".")),
         "sha256": e.sha256,
         "size": e.size,
         "commit": e.commit,

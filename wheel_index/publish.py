@@ -85,7 +85,7 @@ def entries_in(storage: Storage, commit: str, variant: str) -> list[WheelEntry]:
         if key.endswith(ENTRY_SUFFIX):
             data = storage.read(key)
             if data:
-                out.append(WheelEntry.from_json(data))
+                out.append(WheelEntry.from_json(data, key))
     return sorted(out, key=lambda e: (Version(e.version), e.filename))
 
 
@@ -146,14 +146,14 @@ def _store(storage: Storage, w: InspectedWheel, sha: str, commit: str, commit_ti
             result.unchanged.append(w.filename)
             return
         log(f"--force: replacing {proj}/{w.filename} (sha256 {old.sha256} -> {sha})")
+    storage.upload_file(f"{proj}/{w.filename}", w.path)
     entry = WheelEntry(
         filename=w.filename, name=PROJECT, version=str(w.version), variant=w.variant,
         python_tag=w.tags[0], abi_tag=w.tags[1], platform_tag=w.tags[2], sha256=sha,
         size=w.path.stat().st_size, metadata_sha256=hashlib.sha256(w.metadata).hexdigest(),
         requires_python=w.requires_python,
         upload_time=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        commit=commit, commit_time=commit_time)
-    storage.upload_file(f"{proj}/{w.filename}", w.path)
+        commit=commit, commit_time=commit_time, etag=storage.etag(f"{proj}/{w.filename}"))
     storage.write_atomic(f"{proj}/{w.filename}{METADATA_SUFFIX}", w.metadata)
     storage.write_atomic(entry_key(commit, entry.variant, entry.filename), entry.to_json())
     result.stored.append(w.filename)

@@ -1,115 +1,249 @@
-"""`serve`: a folder index over HTTP, as a CDN would serve object storage.
+"""`serve`: a folder index over HTTP, as a CDN in front of object storage would.
 
-Serves only files inside its root (no '..', encoded or not, and no symlink
-that leaves the root), answers a folder with its index.html, or index.json
-when the client asks for PEP 691 JSON, sends cache headers (immutable wheels,
-short-lived nightly pages), and answers bad requests with 4xx.
+Serves only files inside its root (no '..', encoded or not, and no symlink that
+leaves the root). A folder answers with its index.html or, by PEP 691
+negotiation, its index.json, always with `Vary: Accept`. Files are streamed
+with sendfile, so memory stays flat in file size and in clients; HEAD reads no
+body; a single byte range is served (206, or 416 when unsatisfiable); ETag and
+Last-Modified come with every file and If-None-Match / If-Modified-Since get
+304. A project name that is not normalized redirects to the normalized one
+(PEP 503). A fixed pool of threads serves connections; more connections wait.
 """
 from __future__ import annotations
 
 import email.utils
 import http.server
 import os
-import posixpath
+import queue
+import socket
+import stat
+import threading
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
-from wheel_index.layout import SIMPLE_JSON_CT, cache_control, content_type
+from packaging.utils import canonicalize_name
+
+from wheel_index.layout import HTML_CT, PROJECT, SIMPLE_JSON_CT, cache_control, content_type
+
+DEFAULT_THREADS = 64
+#: files up to this size go out with their headers in one write; larger ones stream
+SMALL = 64 << 10
+#: seconds an idle keep-alive connection may hold a thread of the pool
+IDLE_TIMEOUT = 15
+
+V1_HTML = "application/vnd.pypi.simple.v1+html"
+#: what a folder can be answered with, in the order a tie is decided, and the
+#: media types (PEP 691's `latest` aliases included) each one satisfies
+OFFERS = (
+    (HTML_CT, ("text/html",)),
+    (V1_HTML, (V1_HTML, "application/vnd.pypi.simple.latest+html")),
+    (SIMPLE_JSON_CT, (SIMPLE_JSON_CT, "application/vnd.pypi.simple.latest+json")),
+)
 
 
-def wants_json(accept: str) -> bool:
-    """PEP 691 negotiation: JSON when the client ranks it above HTML."""
-    best_json, best_html = 0.0, 0.0
+def negotiate(accept: str) -> str:
+    """The Content-Type to answer a folder with: the offer the client ranks
+    highest (the most specific matching range gives its q); text/html when
+    nothing matches."""
+    ranges = []
     for part in accept.split(","):
         fields = [f.strip() for f in part.split(";")]
+        if not fields[0]:
+            continue
         q = 1.0
         for f in fields[1:]:
-            if f.startswith("q="):
+            if f.lower().startswith("q="):
                 try:
-                    q = float(f[2:])
+                    q = min(max(float(f[2:]), 0.0), 1.0)
                 except ValueError:
                     q = 0.0
-        if fields[0] == SIMPLE_JSON_CT:
-            best_json = max(best_json, q)
-        elif fields[0] in ("application/vnd.pypi.simple.v1+html", "text/html"):
-            best_html = max(best_html, q)
-    return best_json > best_html
+        ranges.append((fields[0].lower(), q))
+    best, best_q = HTML_CT, 0.0
+    for ctype, names in OFFERS:
+        major = names[0].split("/")[0]
+        q, specificity = None, -1
+        for media, mq in ranges:
+            level = 2 if media in names else 1 if media == f"{major}/*" else \
+                0 if media == "*/*" else -1
+            if level > specificity:
+                q, specificity = mq, level
+        if q is not None and q > best_q:
+            best, best_q = ctype, q
+    return best
+
+
+def byte_range(header: str, size: int) -> tuple[int, int] | None:
+    """(first, last) byte of a single `bytes=` range; None to send it all (no
+    range, several ranges or a malformed one, which RFC 9110 lets a server
+    ignore). Raises ValueError when the range is unsatisfiable (416)."""
+    if not header.startswith("bytes=") or "," in header:
+        return None
+    first, sep, last = header[6:].strip().partition("-")
+    if not sep or not (first.isdigit() or last.isdigit()):
+        return None
+    if not first.isdigit() and first:
+        return None
+    if last and not last.isdigit():
+        return None
+    if not first:  # the last N bytes
+        n = int(last)
+        if n == 0 or size == 0:
+            raise ValueError
+        return max(size - n, 0), size - 1
+    start = int(first)
+    if last and int(last) < start:
+        return None
+    if start >= size:
+        raise ValueError
+    return start, min(int(last) if last else size - 1, size - 1)
 
 
 class IndexHandler(http.server.BaseHTTPRequestHandler):
     root: Path
+    root_real: str  # the root with every symlink resolved, once
     server_version = "vllm-engine-index"
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT
+    # headers and body go out in two writes: without TCP_NODELAY the second waits for
+    # the client's delayed ACK (40 ms) on every keep-alive request
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):  # quiet by default; requests are not secrets but noise
         if os.environ.get("VLLM_INDEX_LOG"):
             super().log_message(fmt, *args)
 
-    def _error(self, code: int, message: str) -> None:
+    def _error(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
         body = f"{code} {message}\n".encode()
         self.send_response(code)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _resolve(self) -> tuple[Path, str] | None:
-        path = unquote(urlsplit(self.path).path)
+    def _redirect(self, location: str) -> None:
+        self.send_response(301)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _resolve(self, url_path: str) -> tuple[str, str] | None:
+        """(file system path, storage key); None when the path leaves the root.
+        Plain os.path on strings: this runs on every request."""
+        path = unquote(url_path)
         if "\x00" in path or "\\" in path:
             return None
         parts = [p for p in path.split("/") if p]
         if any(p in (".", "..") for p in parts):
             return None
         key = "/".join(parts)
-        target = (self.root / key) if key else self.root
-        try:
-            real = target.resolve(strict=True)
-        except (OSError, RuntimeError):
-            return target, key  # does not exist: 404 later
-        root = self.root.resolve()
-        if real != root and root not in real.parents:
-            return None
+        target = os.path.join(self.root_real, key) if key else self.root_real
+        real = os.path.realpath(target)
+        if real != self.root_real and not real.startswith(self.root_real + os.sep):
+            return None  # a symlink out of the root
         return real, key
 
-    def do_HEAD(self):
-        self.do_GET()
-
     def do_GET(self):
-        resolved = self._resolve()
+        self._answer(body=True)
+
+    def do_HEAD(self):
+        self._answer(body=False)
+
+    def _answer(self, body: bool) -> None:
+        url = urlsplit(self.path)
+        resolved = self._resolve(url.path)
         if resolved is None:
             return self._error(400, "Bad Request: path leaves the index")
         target, key = resolved
         ctype = None
-        if target.is_dir():
-            if not urlsplit(self.path).path.endswith("/"):
-                self.send_response(301)
-                self.send_header("Location", urlsplit(self.path).path + "/")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            if wants_json(self.headers.get("Accept", "")) and (target / "index.json").is_file():
-                target, ctype = target / "index.json", SIMPLE_JSON_CT
-            else:
-                target = target / "index.html"
-            key = posixpath.join(key, target.name) if key else target.name
-        if not target.is_file():
-            return self._error(404, "Not Found")
+        if os.path.isdir(target):
+            if not url.path.endswith("/"):
+                return self._redirect(url.path + "/")
+            ctype = negotiate(self.headers.get("Accept", ""))
+            name = "index.json" if ctype == SIMPLE_JSON_CT else "index.html"
+            if name == "index.json" and not os.path.isfile(os.path.join(target, name)):
+                ctype, name = HTML_CT, "index.html"
+            target = os.path.join(target, name)
+            key = f"{key}/{name}" if key else name
+        elif not os.path.lexists(target):
+            normalized = _normalized(url.path)
+            if normalized:
+                return self._redirect(normalized)
         try:
-            data = target.read_bytes()
+            f = open(target, "rb") if body else None
         except OSError:
             return self._error(404, "Not Found")
-        self.send_response(200)
-        self.send_header("Content-Type", ctype or content_type(key))
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", cache_control(key))
-        self.send_header("Last-Modified", email.utils.formatdate(target.stat().st_mtime,
-                                                                 usegmt=True))
-        if ctype:
-            self.send_header("Vary", "Accept")
+        try:
+            st = os.fstat(f.fileno()) if f else os.stat(target)
+        except OSError:
+            st = None
+        try:
+            if st is None or not stat.S_ISREG(st.st_mode):
+                return self._error(404, "Not Found")
+            self._send_file(f, st, ctype or content_type(key), key, negotiated=ctype is not None)
+        finally:
+            if f:
+                f.close()
+
+    def _send_file(self, f, st, ctype: str, key: str, negotiated: bool) -> None:
+        etag = f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
+        modified = email.utils.formatdate(st.st_mtime, usegmt=True)
+        common = {"ETag": etag, "Last-Modified": modified, "Cache-Control": cache_control(key)}
+        if negotiated:
+            common["Vary"] = "Accept"
+        if self._not_modified(etag, st.st_mtime):
+            self.send_response(304)
+            for k, v in common.items():
+                self.send_header(k, v)
+            self.end_headers()
+            return
+        size, span = st.st_size, None
+        if_range = self.headers.get("If-Range")
+        if "Range" in self.headers and (if_range is None or if_range in (etag, modified)):
+            try:
+                span = byte_range(self.headers["Range"].strip(), size)
+            except ValueError:
+                return self._error(416, "Range Not Satisfiable",
+                                   {"Content-Range": f"bytes */{size}", **common})
+        start, length = (span[0], span[1] - span[0] + 1) if span else (0, size)
+        self.send_response(206 if span else 200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Accept-Ranges", "bytes")
+        if span:
+            self.send_header("Content-Range", f"bytes {span[0]}-{span[1]}/{size}")
+        for k, v in common.items():
+            self.send_header(k, v)
+        if f is not None and 0 < length <= SMALL:
+            # a page: headers and body in one write, one system call
+            self._headers_buffer.append(b"\r\n" + os.pread(f.fileno(), length, start))
+            self.flush_headers()
+            return
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        if f is None or length == 0:
+            return
+        try:
+            # straight from the page cache to the socket: nothing held in memory
+            if self.connection.sendfile(f, start, length) != length:
+                self.close_connection = True  # the file shrank meanwhile: end the response
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            self.close_connection = True
+
+    def _not_modified(self, etag: str, mtime: float) -> bool:
+        inm = self.headers.get("If-None-Match")
+        if inm is not None:
+            tags = [t.strip().removeprefix("W/") for t in inm.split(",")]
+            return "*" in tags or etag in tags
+        ims = self.headers.get("If-Modified-Since")
+        if ims:
+            try:
+                since = email.utils.parsedate_to_datetime(ims).timestamp()
+            except (TypeError, ValueError, IndexError, OverflowError):
+                return False
+            return int(mtime) <= since
+        return False
 
     def _not_allowed(self):
         self.send_response(405)
@@ -117,9 +251,66 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
 
-def make_server(root: Path, host: str = "127.0.0.1", port: int = 0):
-    handler = type("Handler", (IndexHandler,), {"root": Path(root).absolute()})
-    return http.server.ThreadingHTTPServer((host, port), handler)
+def _normalized(url_path: str) -> str | None:
+    """The same URL with the project's name normalized (PEP 503), when a
+    segment names the project in another spelling (vllm_engine, VLLM.Engine)."""
+    parts = url_path.split("/")
+    fixed = [PROJECT if p and p != PROJECT and canonicalize_name(unquote(p)) == PROJECT else p
+             for p in parts]
+    return quote("/".join(fixed), safe="/%") if fixed != parts else None
+
+
+class PooledHTTPServer(http.server.HTTPServer):
+    """An HTTP server whose connections are served by a fixed pool of threads:
+    a crowd of clients queues instead of growing threads and memory without
+    bound. Closing it cuts the open connections, so Ctrl-C stops at once."""
+
+    def __init__(self, address, handler, threads: int = DEFAULT_THREADS):
+        super().__init__(address, handler)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._workers = [threading.Thread(target=self._work, daemon=True,
+                                          name=f"index-serve-{i}") for i in range(threads)]
+        for t in self._workers:
+            t.start()
+
+    def process_request(self, request, client_address):
+        self._queue.put((request, client_address))
+
+    def _work(self):
+        while (item := self._queue.get()) is not None:
+            request, address = item
+            with self._lock:
+                self._open.add(request)
+            try:
+                self.finish_request(request, address)
+            except (ConnectionError, socket.timeout):
+                pass  # the client went away
+            except Exception:
+                self.handle_error(request, address)
+            finally:
+                with self._lock:
+                    self._open.discard(request)
+                self.shutdown_request(request)
+
+    def server_close(self):
+        super().server_close()
+        for _ in self._workers:
+            self._queue.put(None)
+        with self._lock:
+            for s in list(self._open):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def make_server(root: Path, host: str = "127.0.0.1", port: int = 0,
+                threads: int = DEFAULT_THREADS) -> PooledHTTPServer:
+    handler = type("Handler", (IndexHandler,), {"root": Path(root).absolute(),
+                                                "root_real": os.path.realpath(root)})
+    return PooledHTTPServer((host, port), handler, threads)

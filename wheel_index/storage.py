@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from tools.errors import UserError
-from wheel_index.layout import cache_control, content_type
+from wheel_index.layout import COMMIT_RE, NIGHTLY, cache_control, content_type
 
 TMP_PREFIX = ".tmp-"
 
@@ -37,6 +37,18 @@ class Storage(ABC):
     @abstractmethod
     def list(self, prefix: str) -> list[str]:
         """Every key under prefix/ (recursively), sorted."""
+
+    @abstractmethod
+    def stats(self, prefix: str) -> dict[str, tuple[int, str | None]]:
+        """Every key under prefix ("" for all): its size and ETag (None on a
+        folder), from one listing."""
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return {k: size for k, (size, _) in self.stats(prefix).items()}
+
+    @abstractmethod
+    def etag(self, key: str) -> str | None:
+        """The stored object's ETag; None on a folder."""
 
     @abstractmethod
     def list_dirs(self, prefix: str = "") -> list[str]:
@@ -96,15 +108,22 @@ class LocalStorage(Storage):
         return self._path(key).is_file()
 
     def list(self, prefix):
+        return sorted(self.sizes(prefix))
+
+    def stats(self, prefix):
         base = self._path(prefix)
         if not base.is_dir():
-            return []
-        out = []
+            return {}
+        out = {}
         for dirpath, _, files in os.walk(base):
             for name in files:
                 if not name.startswith(TMP_PREFIX):
-                    out.append(Path(dirpath, name).relative_to(self.root).as_posix())
-        return sorted(out)
+                    p = Path(dirpath, name)
+                    out[p.relative_to(self.root).as_posix()] = (p.stat().st_size, None)
+        return out
+
+    def etag(self, key):
+        return None
 
     def list_dirs(self, prefix=""):
         base = self._path(prefix)
@@ -194,11 +213,20 @@ class S3Storage(Storage):
             raise self._errors("listing", exc) from None
 
     def list(self, prefix):
-        full = self._key(prefix).rstrip("/") + "/"
-        strip = len(self._key(""))
-        keys = [o["Key"][strip:] for page in self._paginate(Prefix=full)
-                for o in page.get("Contents", [])]
-        return sorted(k for k in keys if not k.endswith("/"))
+        return sorted(self.sizes(prefix))
+
+    def stats(self, prefix):
+        full = self._key(prefix).rstrip("/") + "/" if (prefix or self.prefix) else ""
+        strip = len(self._key("")) if self.prefix else 0
+        return {o["Key"][strip:]: (o["Size"], o.get("ETag"))
+                for page in self._paginate(Prefix=full)
+                for o in page.get("Contents", []) if not o["Key"].endswith("/")}
+
+    def etag(self, key):
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key)).get("ETag")
+        except Exception as exc:
+            raise self._errors(f"reading the ETag of {key}", exc) from None
 
     def list_dirs(self, prefix=""):
         full = self._key(prefix).rstrip("/") + "/" if (prefix or self.prefix) else ""
@@ -213,12 +241,47 @@ class S3Storage(Storage):
         for i in range(0, len(full), 1000):
             batch = [{"Key": k} for k in full[i:i + 1000]]
             try:
-                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
+                answer = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
             except Exception as exc:
                 raise self._errors("deleting", exc) from None
+            # delete_objects succeeds as a call while failing per key: read its Errors.
+            failed = answer.get("Errors") or []
+            if failed:
+                shown = "; ".join(f"{e.get('Key')} ({e.get('Code')}: {e.get('Message')})"
+                                  for e in failed[:5])
+                more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+                raise UserError(f"S3 could not delete {len(failed)} key(s) in "
+                                f"s3://{self.bucket}: {shown}{more}")
 
     def describe(self):
         return f"s3://{self.bucket}/{self.prefix}"
+
+
+def open_index(spec: str, *, create: bool = False) -> Storage:
+    """The storage of an existing index, or one that may be created (publish).
+
+    Refused with one line: a folder that does not exist (unless create), a file,
+    an empty folder or prefix (unless create), anything holding files but
+    neither a <commit>/ nor a nightly/ folder."""
+    storage = open_storage(spec)
+    if isinstance(storage, LocalStorage):
+        root = storage.root
+        if root.exists() and not root.is_dir():
+            raise UserError(f"--index {spec}: is a file, not an index folder")
+        if not root.exists():
+            if create:
+                return storage
+            raise UserError(f"--index {spec}: no such folder; give the folder `publish` wrote "
+                            "(for example ./index)")
+    tops = storage.list_dirs("")
+    if any(COMMIT_RE.fullmatch(t) or t == NIGHTLY for t in tops):
+        return storage
+    if not tops and not storage.sizes(""):
+        if create:
+            return storage
+        raise UserError(f"--index {spec}: is empty, nothing is published there yet")
+    raise UserError(f"--index {spec}: is not a wheel index (it has no <commit>/ or {NIGHTLY}/ "
+                    "folder); check the path")
 
 
 def open_storage(spec: str) -> Storage:

@@ -27,14 +27,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import quote
 
 from packaging.version import Version
 
 from tools.errors import UserError
 from tools.hashing import sha256_file
 from wheel_index import pages
-from wheel_index.layout import ENTRY_SUFFIX, METADATA_SUFFIX, NIGHTLY, PROJECT, project_dir
+from wheel_index.layout import (ENTRY_SUFFIX, METADATA_SUFFIX, NIGHTLY, PROJECT, project_dir,
+                                url_path)
 from wheel_index.variant_wheels import (
     base_version,
     encode,
@@ -55,7 +55,7 @@ def level_dir(commit: str) -> str:
 
 def _link(file_key: str, view_dir: str) -> str:
     """Relative and percent-encoded (`+` as %2B), like the other levels' links."""
-    return quote(posixpath.relpath(file_key, project_dir(view_dir)), safe="/")
+    return url_path(posixpath.relpath(file_key, project_dir(view_dir)))
 
 
 def _entries(storage, commit: str) -> list[WheelEntry]:
@@ -123,7 +123,7 @@ def level_metadata(entries: list[WheelEntry], view_dir: str, pointer: dict) -> b
         "package_name": PROJECT, "filename": e.filename, "version": e.version,
         "variant": e.variant, "python_tag": e.python_tag, "abi_tag": e.abi_tag,
         "platform_tag": e.platform_tag, "sha256": e.sha256, "size": e.size, "commit": e.commit,
-        "path": posixpath.relpath(_file_key(e), view_dir),
+        "path": url_path(posixpath.relpath(_file_key(e), view_dir)),
     } for e in entries]
     return json.dumps({**pointer, "level": VARIANTS, "wheels": wheels}, indent=1,
                       sort_keys=True).encode()

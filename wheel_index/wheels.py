@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import asdict, dataclass
-from email.parser import HeaderParser
+import zlib
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path, PurePosixPath
 
 from packaging.utils import (
@@ -14,10 +14,17 @@ from packaging.utils import (
     canonicalize_version,
     parse_wheel_filename,
 )
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from tools.errors import UserError
 from tools.variants import VARIANTS, main_cuda_variant
+from wheel_index.documents import (
+    check_commit,
+    check_sha256,
+    parse_build_info,
+    parse_core_metadata,
+    parse_json_object,
+)
 from wheel_index.layout import PROJECT
 
 BUILD_INFO = "engine/_build_info.json"
@@ -41,13 +48,34 @@ class WheelEntry:
     upload_time: str
     commit: str
     commit_time: int
+    #: what the storage answered for the stored wheel (S3's ETag), so a quick
+    #: verify sees a replaced object from a listing alone; None on a folder
+    etag: str | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "WheelEntry":
-        return cls(**json.loads(data))
+    def from_json(cls, data: bytes, where: str = "entry record") -> "WheelEntry":
+        doc = parse_json_object(data, where)
+        known = {f.name: f for f in fields(cls)}
+        missing = [n for n, f in known.items() if n not in doc and f.default is MISSING]
+        if missing:
+            raise UserError(f"{where}: not an entry record (no {', '.join(missing[:5])})")
+        types = {"str": (str,), "int": (int,), "str | None": (str, type(None))}
+        for name, f in known.items():
+            if name in doc and not isinstance(doc[name], types.get(f.type, object)):
+                raise UserError(f"{where}: {name} must be {f.type}, not "
+                                f"{type(doc[name]).__name__}")
+        check_sha256(doc["sha256"], where)
+        check_sha256(doc["metadata_sha256"], where)
+        check_commit(doc["commit"], where)
+        try:
+            Version(doc["version"])
+        except InvalidVersion:
+            raise UserError(f"{where}: version {doc['version'][:60]!r} is not valid") from None
+        # fields a newer publisher added are left alone, not refused
+        return cls(**{k: v for k, v in doc.items() if k in known})
 
 
 def variant_of(version: Version) -> str:
@@ -93,10 +121,14 @@ def inspect_wheel(path: Path) -> InspectedWheel:
     if len(tags) != 1:
         raise UserError(f"{where}: compressed tag sets are not supported; one tag per wheel")
     tag = next(iter(tags))
+    # zipfile reports damage through many types (a bad CRC, an unsupported or
+    # encrypted member, a truncated stream): every one is a corrupt wheel.
+    unreadable = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, zlib.error,
+                  NotImplementedError, RuntimeError, ValueError)
     try:
         zf = zipfile.ZipFile(path)
         bad = zf.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except unreadable as exc:
         raise UserError(f"{where}: corrupt wheel (not a readable zip: {exc})") from None
     if bad is not None:
         raise UserError(f"{where}: corrupt wheel (member {bad!r} fails its CRC check)")
@@ -110,15 +142,19 @@ def inspect_wheel(path: Path) -> InspectedWheel:
         if len(metas) != 1:
             raise UserError(f"{where}: expected exactly one *.dist-info/METADATA, found "
                             f"{len(metas)}; not a valid wheel")
-        metadata = zf.read(metas[0])
-        build_info = json.loads(zf.read(BUILD_INFO)) if BUILD_INFO in members else None
-    headers = HeaderParser().parsestr(metadata.decode("utf-8", "replace"))
-    if canonicalize_name(headers.get("Name", "")) != dist or Version(
-            headers.get("Version", "0")) != version:
+        try:
+            metadata = zf.read(metas[0])
+            info_bytes = zf.read(BUILD_INFO) if BUILD_INFO in members else None
+        except unreadable as exc:
+            raise UserError(f"{where}: corrupt wheel ({exc})") from None
+    meta_name, meta_version, requires_python = parse_core_metadata(metadata,
+                                                                   f"{where}: {metas[0]}")
+    if canonicalize_name(meta_name) != dist or meta_version != version:
         raise UserError(
             f"{where}: the file name says {dist} {version} but its METADATA says "
-            f"{headers.get('Name')} {headers.get('Version')}")
+            f"{meta_name} {meta_version}")
     variant = variant_of(version)
+    build_info = parse_build_info(info_bytes, f"{where}: {BUILD_INFO}") if info_bytes else None
     compiled = build_info["variant"] if build_info else "empty"
     if compiled != variant:
         raise UserError(f"{where}: the version says variant {variant!r} but the wheel's build "
@@ -126,7 +162,7 @@ def inspect_wheel(path: Path) -> InspectedWheel:
     commit = build_info.get("git_commit") if build_info else None
     return InspectedWheel(path, name, version, variant,
                           (tag.interpreter, tag.abi, tag.platform), metadata,
-                          headers.get("Requires-Python"),
+                          requires_python,
                           commit if commit and commit != "unknown" else None)
 
 

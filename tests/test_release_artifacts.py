@@ -6,7 +6,6 @@ from __future__ import annotations
 import email.parser
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import zipfile

@@ -58,7 +58,7 @@ def check_publishable(wheel: Path, built_from: str, commit: str, root: Path) -> 
             f"identical to {commit[:12]}'s (kernel sources {sources[:12]})")
 
 
-def _candidates(root: Path, index: str, variant: str, local_sources: str, log):
+def _candidates(root: Path, index: str, variant: str, local_sources: str):
     """(level, commit) pairs to try, newest first: main's first-parent history
     from HEAD whose compiled inputs match this checkout, then nightly."""
     from tools.precompiled.select import _metadata
@@ -87,7 +87,7 @@ def find(root: Path, index: str, variant: str, env: Mapping[str, str], log=print
     v = get_variant(variant)
     want = fingerprint.of_build(root, v.label, v.device, env)
     index = index.rstrip("/")
-    for level, meta in _candidates(root, index, v.label, want["kernel_sources"], log):
+    for level, meta in _candidates(root, index, v.label, want["kernel_sources"]):
         picked = pick_wheel(meta, v.label, index, level)
         if picked is None:
             continue

@@ -18,8 +18,9 @@ def test_nightly_local_on_a_fresh_clone(tmp_path):
     clone = tmp_path / "clone"
     run(["git", "clone", "-q", REPO, clone])
     index = tmp_path / "index"
+    # Publish as main does (nightly moves) even when this checkout is on another branch.
     res = run(["bash", clone / "ci" / "nightly-local.sh", "--index", index, "--variants", "cpu"],
-              env=_env(), cwd=clone)
+              env={**_env(), "GITHUB_REF": "refs/heads/main"}, cwd=clone)
     assert "installed from the index and ran:" in res.stdout
     assert (index / "nightly" / "cpu" / "vllm-engine" / "index.html").is_file()
     assert run([sys.executable, "-m", "wheel_index", "verify", "--index", index], cwd=REPO)

@@ -100,9 +100,9 @@ def test_wheel_from_the_sdist_has_its_version_and_passes_the_checkers(sdist, tmp
     assert meta.get_all("Requires-Dist") == sdist_meta.get_all("Requires-Dist")
     assert meta["License-File"] == "LICENSE" and "engine/_C.abi3.so" in names
 
-    res = run([_tool("twine"), "check", "--strict", wheel], check=False)
+    for tool in ("twine", "check-wheel-contents", "abi3audit"):
+        _tool(tool)
+    res = run(["bash", REPO / "ci" / "check-dist.sh", wheel, sdist], check=False,
+              env={"PYTHON": sys.executable})
     assert res.returncode == 0, res.stdout + res.stderr
-    res = run([_tool("check-wheel-contents"), wheel], check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
-    res = run([_tool("abi3audit"), "--strict", "--report", wheel], check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASSED" in res.stdout and "OK" in res.stdout and "stable ABI" in res.stdout

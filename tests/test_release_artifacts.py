@@ -106,3 +106,12 @@ def test_wheel_from_the_sdist_has_its_version_and_passes_the_checkers(sdist, tmp
               env={"PYTHON": sys.executable})
     assert res.returncode == 0, res.stdout + res.stderr
     assert "PASSED" in res.stdout and "OK" in res.stdout and "stable ABI" in res.stdout
+
+
+def test_check_dist_refuses_a_broken_wheel_in_one_line(tmp_path):
+    bad = tmp_path / "vllm_engine-0.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    bad.write_text("not a zip")
+    res = run(["bash", REPO / "ci" / "check-dist.sh", bad], check=False,
+              env={"PYTHON": sys.executable})
+    assert res.returncode == 1
+    assert res.stderr.strip() == f"error: {bad} is not a readable wheel (zip archive); rebuild it"

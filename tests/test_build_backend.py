@@ -134,3 +134,43 @@ def test_use_existing_torch(tmp_path, capsys):
     assert "nothing to do" in capsys.readouterr().out
     for f in (tmp_path / "requirements").rglob("*.txt"):
         assert not any(line.startswith("torch") for line in f.read_text().splitlines()), f
+
+
+def test_build_info_gets_the_kernel_fingerprint(in_repo):
+    in_repo.setenv("VLLM_TARGET_DEVICE", "cpu")
+    cs = build_backend.config_settings_for(resolve(), {})
+    fp = cs["cmake.define.VLLM_KERNEL_FINGERPRINT"]
+    assert len(fp) == 64 and len(cs["cmake.define.VLLM_KERNEL_SOURCES"]) == 64
+    in_repo.setenv("VLLM_CPU_DISABLE_AVX512", "1")
+    other = build_backend.config_settings_for(resolve(), {})
+    assert other["cmake.define.VLLM_KERNEL_FINGERPRINT"] != fp
+    assert other["cmake.define.VLLM_KERNEL_SOURCES"] == cs["cmake.define.VLLM_KERNEL_SOURCES"]
+
+
+def _sdist_tree(tmp_path, version: str) -> Path:
+    (tmp_path / "PKG-INFO").write_text(f"Metadata-Version: 2.4\nName: vllm-engine\n"
+                                       f"Version: {version}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("version,variant", [
+    ("0.1.dev3+g1a2b3c4.cpu", "cpu"), ("0.1.dev3+g1a2b3c4.d20261130.cu129", "cu129"),
+    ("1.2.0+empty", "empty"), ("1.2.0", "cu130"),  # a plain release is the main CUDA variant
+])
+def test_an_sdist_builds_its_own_variant(in_repo, tmp_path, version, variant):
+    from tools.build_settings import sdist_variant, target_variant
+
+    root = _sdist_tree(tmp_path, version)
+    assert sdist_variant(root, {}).label == variant
+    assert target_variant({}, root).label == variant
+    assert target_variant({"VLLM_TARGET_DEVICE": "cpu"}, REPO).label == "cpu"  # a git checkout
+
+
+def test_an_sdist_refuses_another_target(in_repo, tmp_path):
+    from tools.build_settings import target_variant
+
+    root = _sdist_tree(tmp_path, "0.1.dev3+g1a2b3c4.cpu")
+    with pytest.raises(UserError, match=r"this sdist was made for the cpu variant and builds "
+                                        r"cpu wheels only \(not empty\)"):
+        target_variant({"VLLM_TARGET_DEVICE": "empty"}, root)
+    assert target_variant({"VLLM_TARGET_DEVICE": "cpu"}, root).label == "cpu"

@@ -13,6 +13,7 @@ from functools import wraps
 
 from scikit_build_core import build as _skbuild
 
+from tools import fingerprint
 from tools.build_settings import BuildSettings, resolve
 from tools.errors import UserError
 from tools.requirements import REPO_ROOT, build_requirements
@@ -70,6 +71,11 @@ def config_settings_for(settings: BuildSettings, given: dict | None) -> dict:
     # the upstream index, never a private mirror the builder may have used.
     cs["cmake.define.VLLM_TORCH_REQUIREMENT"] = torch_requirement(v)
     cs["cmake.define.VLLM_TORCH_INDEX_URL"] = v.torch_index_url(DEFAULT_TORCH_INDEX_BASE) or ""
+    # What decides the compiled files, so that CI can reuse these kernels for a
+    # later commit whose fingerprint agrees (tools/fingerprint.py).
+    kernel = fingerprint.of_build(REPO_ROOT, v.label, v.device, os.environ)
+    cs["cmake.define.VLLM_KERNEL_FINGERPRINT"] = kernel["kernel_fingerprint"]
+    cs["cmake.define.VLLM_KERNEL_SOURCES"] = kernel["kernel_sources"]
     # One build tree per variant: a cpu and a cu130 build never share a cache.
     cs.setdefault("build-dir", f"build/{v.label}")
     if settings.compiler_launcher:

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import os
 import shutil
+from email.parser import HeaderParser
 from functools import lru_cache
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
+from packaging.version import InvalidVersion, Version
+
 from tools.errors import UserError
-from tools.variants import VARIANTS, Variant, check_device
+from tools.requirements import REPO_ROOT
+from tools.variants import VARIANTS, Variant, check_device, main_cuda_variant
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
@@ -39,13 +44,44 @@ class BuildSettings:
         return self.variant.compiles and not self.precompiled
 
 
-def target_variant(env: Mapping[str, str]) -> Variant:
+def sdist_variant(root: Path, env: Mapping[str, str]) -> Variant | None:
+    """The variant an unpacked sdist was made for, from its PKG-INFO Version
+    (None in a git checkout). Version and Requires-Dist of an sdist are fixed
+    for its variant, so it builds wheels of that variant only."""
+    pkg_info = root / "PKG-INFO"
+    if not pkg_info.is_file() or (root / ".git").exists():
+        return None
+    version = HeaderParser().parsestr(pkg_info.read_text(errors="replace"))["Version"] or ""
+    try:
+        local = Version(version).local or ""
+    except InvalidVersion:
+        raise UserError(f"{pkg_info}: Version {version!r} is not a PEP 440 version") from None
+    labels = [part for part in local.split(".") if part in VARIANTS]
+    # A plain X.Y.Z is the main CUDA variant's release (tools/version.py).
+    return VARIANTS[labels[-1]] if labels else main_cuda_variant(env)
+
+
+def target_variant(env: Mapping[str, str], root: Path = REPO_ROOT) -> Variant:
     """cpu/xpu/empty name their variant; a GPU generation (cu129 or cu130,
     rocm700 or rocm721) and an unset device are left to tools.target, which
     consults VLLM_MAIN_CUDA_VERSION, then the build environment's torch, then
-    the driver."""
+    the driver. An sdist builds its own variant, and refuses another."""
     device = env.get("VLLM_TARGET_DEVICE", "").strip()
     forced = env.get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
+    made_for = sdist_variant(root, env)
+    if made_for is not None and not device and not forced:
+        return made_for
+    chosen = _chosen(env, device, forced)
+    if made_for is not None and chosen.label != made_for.label:
+        raise UserError(
+            f"this sdist was made for the {made_for.label} variant and builds {made_for.label} "
+            f"wheels only (not {chosen.label}): unset VLLM_TARGET_DEVICE or set it to "
+            f"{made_for.device}, or make an sdist for {chosen.label} from a git checkout "
+            f"(VLLM_TARGET_DEVICE={chosen.device} uv build --sdist)")
+    return chosen
+
+
+def _chosen(env: Mapping[str, str], device: str, forced: str) -> Variant:
     if device and check_device(device) in ("cpu", "xpu", "empty") and not forced:
         return VARIANTS[device]
     return _detected(tuple(sorted((k, v) for k, v in env.items() if k.startswith(

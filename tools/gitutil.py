@@ -6,8 +6,9 @@ from pathlib import Path
 
 from tools.errors import UserError
 
-#: What the compiled kernels are made from: a change here needs a real build.
-COMPILED_INPUTS = ("csrc", "CMakeLists.txt", "cmake", "requirements/build")
+#: What the compiled kernels are made from: a change here needs a real build
+#: (requirements/torch: the torch pin the kernels are compiled against).
+COMPILED_INPUTS = ("csrc", "CMakeLists.txt", "cmake", "requirements/build", "requirements/torch")
 
 
 def git(root: Path, *args: str, check: bool = True) -> str | None:

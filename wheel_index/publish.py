@@ -18,7 +18,7 @@ from typing import Callable
 
 from packaging.version import Version
 
-from tools import gitutil
+from tools import gitutil, kernel_reuse
 from tools.errors import UserError
 from tools.hashing import sha256_file
 from tools.variants import is_default_variant
@@ -187,7 +187,9 @@ def publish(storage: Storage, commit: str, wheel_paths: list[Path], *, nightly: 
         raise UserError(f"the same wheel is given twice: {twice}")
     for w in wheels:
         if w.build_commit and w.build_commit != commit:
-            raise UserError(f"{w.filename} was built from commit {w.build_commit}, not {commit}")
+            # A Python-only commit's wheel carries an earlier commit's kernels
+            # (tools/kernel_reuse.py): accepted only when they are this commit's too.
+            log(kernel_reuse.check_publishable(w.path, w.build_commit, commit, Path.cwd()))
     release_version = None
     if release:
         publics = {w.version.public for w in wheels}

@@ -1,26 +1,33 @@
 """vllm-engine: an LLM inference engine whose compiled kernels ship as per-variant wheels.
 
-Importing the package loads the compiled kernels (after checking that the
-installed torch is the one they were compiled against). The model runner
-(LLM, SamplingParams) is imported on first use.
+Importing the package checks, without importing torch, that this installation
+is complete and that the installed torch is the one the kernels were compiled
+against (TorchMismatchError otherwise), and validates VLLM_CPU_ISA. The kernels
+themselves (`engine.ops`, `engine.BUILD_INFO`) and the model runner (LLM,
+SamplingParams) load on first use, so that `engine --help` starts at once.
 """
 from __future__ import annotations
 
 from importlib import metadata as _metadata
 
-from engine import ops
+from engine._kernels import check_installed as _check_installed
 from engine.build_info import BuildInfo
-from engine.ops import BUILD_INFO
 
 try:
     __version__ = _metadata.version("vllm-engine")
 except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
+_check_installed()
+
 __all__ = ["BUILD_INFO", "BuildInfo", "LLM", "SamplingParams", "ops", "__version__"]
 
 
 def __getattr__(name: str):
+    if name in ("ops", "BUILD_INFO"):
+        import engine.ops  # loads the kernels
+
+        return engine.ops if name == "ops" else engine.ops.BUILD_INFO
     if name == "LLM":
         from engine.llm import LLM
 

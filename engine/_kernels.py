@@ -2,12 +2,13 @@
 
 Before the extension is loaded, the torch it was compiled against is compared
 with the installed one, and the CPU code path is chosen from VLLM_CPU_ISA.
+check_installed() does the checks that need no torch import (`import engine`).
 """
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 
-import torch
 from packaging.version import Version
 
 from engine import envs
@@ -28,9 +29,11 @@ def _fix_command(info: BuildInfo) -> str:
 
 
 def check_torch(info: BuildInfo, installed: str) -> None:
+    """The local label counts too: a +cu129 build needs CUDA 12 libraries that a
+    +cpu (or the default CUDA 13) torch of the same release does not ship."""
     if info.torch_version is None:
         return
-    if Version(installed).public != Version(info.torch_version).public:
+    if Version(installed) != Version(info.torch_version):
         raise TorchMismatchError(
             f"vllm-engine's kernels ({info.variant}) were compiled against torch "
             f"{info.torch_version}, but torch {installed} is installed. The compiled ops would "
@@ -39,13 +42,31 @@ def check_torch(info: BuildInfo, installed: str) -> None:
         )
 
 
+def check_installed() -> None:
+    """What `import engine` checks before anything imports torch: a complete
+    installation, the torch it was compiled against (read from torch's
+    metadata), a valid VLLM_CPU_ISA."""
+    info = build_info()
+    if not info.has_kernels:
+        return
+    try:
+        check_torch(info, metadata.version("torch"))
+    except metadata.PackageNotFoundError:
+        pass  # no installed distribution to read (a source build of torch): load() checks
+    if info.device == "cpu":
+        envs.cpu_isa()
+
+
 def load() -> BuildInfo:
     """Load engine._C if this installation has it; return its build info."""
     info = build_info()
     if not info.has_kernels:
         return info
+    import torch
+
     check_torch(info, torch.__version__)
     importlib.import_module("engine._C")
+    torch.ops._C.set_device_bound_checks(envs.check_bounds())
     if info.device == "cpu":
         try:
             torch.ops._C.select_cpu_isa(envs.cpu_isa())

@@ -1,19 +1,23 @@
-"""`python -m engine.env`: what this installation is and runs on (like upstream's collect_env)."""
+"""`python -m engine.env`: what this installation is and runs on (like upstream's collect_env).
+
+The first lines come from the build-info record alone; torch is imported only
+for the lines that need it, so the command answers at once.
+"""
 from __future__ import annotations
 
 import json
 import platform
 import sys
 
+WIDTH = len("compiled_against_torch")  # the longest key; the lines print before all are known
 
-def report() -> dict:
-    import torch
 
+def static_report() -> dict:
+    """What the installation is, from its build-info record (no torch import)."""
     import engine
-    from engine import preload
-    from engine.platforms import current as current_platform
+    from engine.build_info import build_info
 
-    info = engine.BUILD_INFO
+    info = build_info()
     precompiled = None
     if info.extension is not None:
         record = info.extension.with_name("_precompiled.json")
@@ -25,30 +29,47 @@ def report() -> dict:
         "git_commit": info.git_commit,
         "compiled_against_torch": info.torch_version,
         "code_paths": list(info.code_paths),
-        "cpu_isa_in_use": engine.ops.cpu_isa(),
         "extension": str(info.extension) if info.extension else None,
         "precompiled_from": precompiled,
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "torch_hip": getattr(torch.version, "hip", None),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "processor": platform.machine(),
+    }
+
+
+def runtime_report() -> dict:
+    """What it runs on: loads torch and the kernels."""
+    import torch
+
+    import engine
+    from engine import preload
+    from engine.platforms import current as current_platform
+
+    return {
+        "cpu_isa_in_use": engine.ops.cpu_isa(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_hip": getattr(torch.version, "hip", None),
         "platform_class": type(current_platform()).__name__,
         "ld_preload_hint": preload.export_line(preload.find(), preload.is_source_build()),
     }
 
 
+def report() -> dict:
+    return {**static_report(), **runtime_report()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    data = report()
     if argv and "--json" in argv:
-        print(json.dumps(data, indent=2))
-    else:
-        width = max(map(len, data))
-        for key, value in data.items():
-            print(f"{key:<{width}}  {value}")
-        if data["ld_preload_hint"]:
-            print(f"\nfor the best CPU performance:\n  {data['ld_preload_hint']}")
+        print(json.dumps(report(), indent=2))
+        return 0
+    for key, value in static_report().items():
+        print(f"{key:<{WIDTH}}  {value}", flush=True)
+    runtime = runtime_report()
+    for key, value in runtime.items():
+        print(f"{key:<{WIDTH}}  {value}")
+    if runtime["ld_preload_hint"]:
+        print(f"\nfor the best CPU performance:\n  {runtime['ld_preload_hint']}")
     return 0
 
 

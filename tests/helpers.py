@@ -116,7 +116,11 @@ def make_wheel(folder: Path, version: str, *, commit: str = "0" * 40, variant: s
     import zipfile
 
     if variant is None:  # the local segment's last part; a plain release is the main CUDA one
-        variant = version.split("+")[1].split(".")[-1] if "+" in version else "cu130"
+        from packaging.version import Version
+
+        from wheel_index.wheels import variant_of
+
+        variant = variant_of(Version(version))
     dist_info = f"{name}-{version}.dist-info"
     files = {
         "engine/__init__.py": body,

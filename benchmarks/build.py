@@ -22,21 +22,12 @@ import argparse
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from benchmarks.common import Targets, add_check_argument  # noqa: E402
+from benchmarks.common import timed_command as timed  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def timed(cmd, env, cwd) -> float:
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
-    if res.returncode != 0:
-        sys.exit(f"build failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return dt
 
 
 def main() -> int:

@@ -3,6 +3,8 @@ against a baseline measured in the same process (these machines are noisy)."""
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable
 
@@ -26,6 +28,16 @@ def median_time(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 
             fn()
         samples.append((time.perf_counter() - t0) / n)
     return statistics.median(samples)
+
+
+def timed_command(cmd, env=None, cwd=None) -> float:
+    """Seconds one command takes; a failure ends the benchmark with its output."""
+    t0 = time.perf_counter()
+    res = subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"failed: {' '.join(map(str, cmd))}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return dt
 
 
 def fmt_time(seconds: float) -> str:

@@ -15,6 +15,19 @@ REPO = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
 
 
+def _cpu_torch_pin() -> str:
+    from tools.target import torch_requirement
+    from tools.variants import get_variant
+
+    return torch_requirement(get_variant("cpu"))
+
+
+#: The cpu variant's torch, from requirements/torch/cpu.txt (its one home):
+#: "torch==<version>+cpu", and the version alone.
+TORCH_CPU_PIN = _cpu_torch_pin()
+TORCH_CPU_VERSION = TORCH_CPU_PIN.split("==", 1)[1]
+
+
 def run(cmd, *, env=None, cwd=None, check=True, timeout=1800) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([str(c) for c in cmd], env=full_env, cwd=cwd, capture_output=True,
@@ -26,7 +39,7 @@ def run(cmd, *, env=None, cwd=None, check=True, timeout=1800) -> subprocess.Comp
 
 
 def torch_wheelhouse() -> Path:
-    """The folder holding the torch 2.13.0+cpu wheel (pip's find-links here)."""
+    """The folder holding the cpu torch wheel (pip's find-links here)."""
     candidates = [os.environ.get("VLLM_TORCH_FIND_LINKS")]
     try:
         candidates.append(subprocess.run([sys.executable, "-m", "pip", "config", "get",
@@ -36,10 +49,10 @@ def torch_wheelhouse() -> Path:
         pass
     for c in filter(None, candidates):
         for folder in c.split():
-            if list(Path(folder).glob("torch-2.13.0+cpu-*.whl")):
+            if list(Path(folder).glob(f"torch-{TORCH_CPU_VERSION}-*.whl")):
                 return Path(folder)
-    raise AssertionError("no torch-2.13.0+cpu wheel found: set VLLM_TORCH_FIND_LINKS to the "
-                         "folder that holds it")
+    raise AssertionError(f"no torch-{TORCH_CPU_VERSION} wheel found: set VLLM_TORCH_FIND_LINKS "
+                         "to the folder that holds it")
 
 
 class Server:
@@ -64,7 +77,7 @@ def build_torch_mirror(root: Path, wheelhouse: Path) -> Path:
     page = root / "cpu" / "torch"
     page.mkdir(parents=True)
     links = []
-    for whl in sorted(wheelhouse.glob("torch-2.13.0+cpu-*.whl")):
+    for whl in sorted(wheelhouse.glob(f"torch-{TORCH_CPU_VERSION}-*.whl")):
         os.symlink(whl, page / whl.name)
         digest = hashlib.sha256(whl.read_bytes()).hexdigest()
         links.append(f'<a href="{whl.name}#sha256={digest}">{whl.name}</a>')

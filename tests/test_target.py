@@ -190,7 +190,9 @@ def test_cli_json(tmp_path):
     assert data["device"] == "cuda" and data["variant"] == "cu129"
     assert data["torch_backend"] == "cu129"
     assert data["torch_index_url"] == "http://127.0.0.1:9/whl/cu129"
-    assert data["torch_requirement"] == "torch==2.13.0+cu129"
+    pin = data["torch_requirement"]
+    assert pin == target.torch_requirement(target.get_variant("cu129"))  # requirements/torch/
+    assert pin.startswith("torch==") and pin.endswith("+cu129")
     assert any("550.1" in r for r in data["reasons"])
 
 

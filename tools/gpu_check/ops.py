@@ -19,31 +19,35 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(a.float().cpu(), b.float().cpu(), **TOL[dtype])
 
 
-def _randn(g: torch.Generator, *shape: int, dtype, device) -> torch.Tensor:
-    return torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
+def _rand(seed: int, dtype, device):
+    """A generator, and randn(*shape) of the dtype on the device, reproducible (drawn on
+    the CPU, so every device gets the same numbers)."""
+    g = torch.Generator().manual_seed(seed)
+    return g, lambda *shape: torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
 
 
 def rms_norm(device, dtype):
-    g = torch.Generator().manual_seed(0)
+    g, randn = _rand(0, dtype, device)
     for rows, hidden in ((1, 1), (7, 17), (33, 4097), (3, 4096)):
-        x, w = _randn(g, rows, hidden, dtype=dtype, device=device), _randn(g, hidden, dtype=dtype, device=device)
+        x, w = randn(rows, hidden), randn(hidden)
         out, ref = torch.empty_like(x), torch.empty_like(x)
         ops.rms_norm(out, x, w, 1e-6)
         reference.rms_norm(ref, x, w, 1e-6)
         _close(out, ref, dtype)
-    wide = _randn(g, 5, 3 * 96, dtype=dtype, device=device)[:, 96:192]  # a strided view
-    w = _randn(g, 96, dtype=dtype, device=device)
-    out, ref = torch.empty(5, 96, dtype=dtype, device=device), torch.empty(5, 96, dtype=dtype, device=device)
+    wide = randn(5, 3 * 96)[:, 96:192]  # a strided view
+    w = randn(96)
+    out = torch.empty(5, 96, dtype=dtype, device=device)
+    ref = torch.empty_like(out)
     ops.rms_norm(out, wide, w, 1e-5)
     reference.rms_norm(ref, wide, w, 1e-5)
     _close(out, ref, dtype)
 
 
 def fused_add_rms_norm(device, dtype):
-    g = torch.Generator().manual_seed(1)
+    g, randn = _rand(1, dtype, device)
     for rows, hidden in ((1, 3), (9, 257), (16, 4096)):
-        x, r = _randn(g, rows, hidden, dtype=dtype, device=device), _randn(g, rows, hidden, dtype=dtype, device=device)
-        w = _randn(g, hidden, dtype=dtype, device=device)
+        x, r = randn(rows, hidden), randn(rows, hidden)
+        w = randn(hidden)
         x2, r2 = x.clone(), r.clone()
         ops.fused_add_rms_norm(x, r, w, 1e-6)
         reference.fused_add_rms_norm(x2, r2, w, 1e-6)
@@ -52,10 +56,10 @@ def fused_add_rms_norm(device, dtype):
 
 
 def silu_and_mul(device, dtype):
-    g = torch.Generator().manual_seed(2)
+    g, randn = _rand(2, dtype, device)
     for shape in ((1, 2), (5, 2 * 17), (3, 4, 2 * 1000), (64, 2 * 5504)):
-        x = _randn(g, *shape, dtype=dtype, device=device)
-        out = torch.empty(*shape[:-1], shape[-1] // 2, dtype=dtype, device=device)
+        x = randn(*shape)
+        out = torch.empty_like(x[..., : shape[-1] // 2])
         ref = torch.empty_like(out)
         ops.silu_and_mul(out, x)
         reference.silu_and_mul(ref, x)
@@ -69,15 +73,15 @@ def _cos_sin_cache(max_pos: int, rot_dim: int, dtype, device) -> torch.Tensor:
 
 
 def rotary_embedding(device, dtype):
-    g = torch.Generator().manual_seed(3)
+    g, randn = _rand(3, dtype, device)
     for is_neox in (True, False):
         # GQA (8 query heads over 2 key heads), odd head sizes, partial rotation
         for tokens, qh, kh, hs, rot in ((1, 1, 1, 64, 64), (13, 8, 2, 80, 80), (33, 3, 1, 36, 36),
                                         (7, 4, 4, 64, 32)):
             cache = _cos_sin_cache(4096, rot, dtype, device)
             pos = torch.randint(0, 4096, (tokens,), generator=g).to(device)
-            q = _randn(g, tokens, qh * hs, dtype=dtype, device=device)
-            k = _randn(g, tokens, kh, hs, dtype=dtype, device=device)
+            q = randn(tokens, qh * hs)
+            k = randn(tokens, kh, hs)
             q2, k2 = q.clone(), k.clone()
             ops.rotary_embedding(pos, q, k, hs, cache, is_neox)
             reference.rotary_embedding(pos, q2, k2, hs, cache, is_neox)
@@ -85,7 +89,7 @@ def rotary_embedding(device, dtype):
             _close(k, k2, dtype)
     # strided views of one fused qkv projection, batched positions
     heads, kv, hs, b, s = 4, 2, 64, 2, 5
-    qkv = _randn(g, b, s, (heads + 2 * kv) * hs, dtype=dtype, device=device)
+    qkv = randn(b, s, (heads + 2 * kv) * hs)
     q, k, _ = qkv.split([heads * hs, kv * hs, kv * hs], dim=-1)
     pos = torch.randint(0, 100, (b, s), generator=g).to(device)
     cache = _cos_sin_cache(100, hs, dtype, device)
@@ -97,10 +101,10 @@ def rotary_embedding(device, dtype):
 
 
 def reshape_and_cache(device, dtype):
-    g = torch.Generator().manual_seed(4)
+    g, randn = _rand(4, dtype, device)
     blocks, kv_heads, bs, hs, tokens = 6, 3, 16, 40, 37
-    key = _randn(g, tokens, kv_heads, hs, dtype=dtype, device=device)
-    value = _randn(g, tokens, kv_heads, hs, dtype=dtype, device=device)
+    key = randn(tokens, kv_heads, hs)
+    value = randn(tokens, kv_heads, hs)
     slots = torch.randperm(blocks * bs, generator=g)[:tokens]
     slots[::5] = -1  # padding tokens are not stored
     slots = slots.to(device)
@@ -113,18 +117,18 @@ def reshape_and_cache(device, dtype):
 
 
 def make_paged(seq_lens, heads, kv_heads, head_size, block_size, dtype, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g, randn = _rand(seed, dtype, device)
     nblk = [math.ceil(n / block_size) for n in seq_lens]
     total = sum(nblk) + 3
-    kc = _randn(g, total, kv_heads, block_size, head_size, dtype=dtype, device=device)
-    vc = _randn(g, total, kv_heads, block_size, head_size, dtype=dtype, device=device)
+    kc = randn(total, kv_heads, block_size, head_size)
+    vc = randn(total, kv_heads, block_size, head_size)
     perm = torch.randperm(total, generator=g).tolist()
     tables = torch.zeros(len(seq_lens), max(nblk + [1]), dtype=torch.int32)
     i = 0
     for s, n in enumerate(nblk):
         tables[s, :n] = torch.tensor(perm[i:i + n], dtype=torch.int32)
         i += n
-    q = _randn(g, len(seq_lens), heads, head_size, dtype=dtype, device=device)
+    q = randn(len(seq_lens), heads, head_size)
     return q, kc, vc, tables.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device)
 
 

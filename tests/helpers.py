@@ -128,12 +128,12 @@ def make_wheel(folder: Path, version: str, *, commit: str = "0" * 40, variant: s
     import json
     import zipfile
 
-    if variant is None:  # the local segment's last part; a plain release is the main CUDA one
-        from packaging.version import Version
+    if variant is None:  # the local segment's last part (even a bad one, for the tests of
+        # refusals); a plain release is the main CUDA variant
+        from tools.variants import main_cuda_variant
 
-        from wheel_index.wheels import variant_of
-
-        variant = variant_of(Version(version))
+        variant = version.split("+")[1].split(".")[-1] if "+" in version else \
+            main_cuda_variant().label
     dist_info = f"{name}-{version}.dist-info"
     files = {
         "engine/__init__.py": body,

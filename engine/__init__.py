@@ -8,15 +8,8 @@ SamplingParams) load on first use, so that `engine --help` starts at once.
 """
 from __future__ import annotations
 
-from importlib import metadata as _metadata
-
 from engine._kernels import check_installed as _check_installed
 from engine.build_info import BuildInfo
-
-try:
-    __version__ = _metadata.version("vllm-engine")
-except _metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
 
 _check_installed()
 
@@ -24,6 +17,13 @@ __all__ = ["BUILD_INFO", "BuildInfo", "LLM", "SamplingParams", "ops", "__version
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # importlib.metadata costs more than the rest of `import engine`
+        from importlib import metadata
+
+        try:
+            return metadata.version("vllm-engine")
+        except metadata.PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
     if name in ("ops", "BUILD_INFO"):
         import engine.ops  # loads the kernels
 

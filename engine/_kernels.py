@@ -7,7 +7,9 @@ check_installed() does the checks that need no torch import (`import engine`).
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
+import importlib.util
+import re
+from pathlib import Path
 
 from packaging.version import Version
 
@@ -42,17 +44,28 @@ def check_torch(info: BuildInfo, installed: str) -> None:
         )
 
 
+def installed_torch_version() -> str | None:
+    """torch.__version__ without importing torch (seconds): read from torch/version.py."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^__version__\s*(?::\s*\w+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+
 def check_installed() -> None:
     """What `import engine` checks before anything imports torch: a complete
-    installation, the torch it was compiled against (read from torch's
-    metadata), a valid VLLM_CPU_ISA."""
+    installation, the torch it was compiled against, a valid VLLM_CPU_ISA."""
     info = build_info()
     if not info.has_kernels:
         return
-    try:
-        check_torch(info, metadata.version("torch"))
-    except metadata.PackageNotFoundError:
-        pass  # no installed distribution to read (a source build of torch): load() checks
+    installed = installed_torch_version()
+    if installed is not None:  # else load() checks, after importing torch
+        check_torch(info, installed)
     if info.device == "cpu":
         envs.cpu_isa()
 

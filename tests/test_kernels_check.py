@@ -30,3 +30,21 @@ def test_same_build_loads():
     check_torch(CU129, "2.13.0+cu129")
     check_torch(info("cpu", "2.13.0+cpu", "torch==2.13.0+cpu", None), "2.13.0+cpu")
     check_torch(info("empty", None, None, None), "2.0.0")  # no kernels: nothing to compare
+
+
+def test_installed_torch_version_is_read_without_importing_torch(tmp_path, monkeypatch):
+    import importlib.machinery
+    import importlib.util
+
+    from engine import _kernels
+
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "version.py").write_text("from typing import Optional\n\n__all__ = []\n"
+                                    "__version__ = '2.13.0+cu129'\ncuda: Optional[str] = '12.9'\n")
+    spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(pkg)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
+    assert _kernels.installed_torch_version() == "2.13.0+cu129"
+    (pkg / "version.py").unlink()
+    assert _kernels.installed_torch_version() is None  # then load() checks after importing torch

@@ -6,10 +6,21 @@ for the lines that need it, so the command answers at once.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 
 WIDTH = len("compiled_against_torch")  # the longest key; the lines print before all are known
+
+
+def _platform() -> str:
+    """platform.platform()'s answer without its `uname -p` subprocess."""
+    u = os.uname()
+    try:
+        libc = "-with-" + os.confstr("CS_GNU_LIBC_VERSION").replace(" ", "")
+    except (ValueError, OSError, AttributeError):  # not glibc, or not a POSIX system
+        libc = ""
+    return f"{u.sysname}-{u.release}-{u.machine}{libc}"
 
 
 def static_report() -> dict:
@@ -32,7 +43,7 @@ def static_report() -> dict:
         "extension": str(info.extension) if info.extension else None,
         "precompiled_from": precompiled,
         "python": sys.version.split()[0],
-        "platform": platform.platform(),
+        "platform": _platform(),
         "processor": platform.machine(),
     }
 

@@ -37,3 +37,12 @@ def test_engine_env_prints_build_facts_then_torch_facts():
     keys = [line.split()[0] for line in lines if line and not line.startswith(" ")]
     assert keys[0] == "vllm_engine" and "torch" in keys
     assert keys.index("variant") < keys.index("torch")
+
+
+def test_bisect_help_keeps_its_usage_lines_and_names_run_one():
+    out = run([sys.executable, "-m", "tools.bisect", "--help"], cwd=REPO).stdout
+    lines = out.splitlines()
+    assert "    python -m tools.bisect run-one REV [--variant V] [--index URL] -- CMD..." in lines
+    assert "  git bisect run python -m tools.bisect run-one HEAD -- CMD..." in lines
+    sub = run([sys.executable, "-m", "tools.bisect", "run-one", "--help"], cwd=REPO).stdout
+    assert "exit 0 good, 125 skip" in " ".join(sub.split())

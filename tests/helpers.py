@@ -15,17 +15,26 @@ REPO = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
 
 
-def _cpu_torch_pin() -> str:
+def torch_cpu_pin() -> str:
+    """The cpu variant's torch, "torch==<version>+cpu", from requirements/torch/cpu.txt
+    (its one home). A function, not a constant: the smoke test imports this module
+    where only engine and torch are installed."""
     from tools.target import torch_requirement
     from tools.variants import get_variant
 
     return torch_requirement(get_variant("cpu"))
 
 
-#: The cpu variant's torch, from requirements/torch/cpu.txt (its one home):
-#: "torch==<version>+cpu", and the version alone.
-TORCH_CPU_PIN = _cpu_torch_pin()
-TORCH_CPU_VERSION = TORCH_CPU_PIN.split("==", 1)[1]
+def torch_cpu_version() -> str:
+    return torch_cpu_pin().split("==", 1)[1]
+
+
+def __getattr__(name: str) -> str:  # TORCH_CPU_PIN, TORCH_CPU_VERSION for the tests' imports
+    if name == "TORCH_CPU_PIN":
+        return torch_cpu_pin()
+    if name == "TORCH_CPU_VERSION":
+        return torch_cpu_version()
+    raise AttributeError(name)
 
 
 def run(cmd, *, env=None, cwd=None, check=True, timeout=1800) -> subprocess.CompletedProcess:
@@ -49,10 +58,10 @@ def torch_wheelhouse() -> Path:
         pass
     for c in filter(None, candidates):
         for folder in c.split():
-            if list(Path(folder).glob(f"torch-{TORCH_CPU_VERSION}-*.whl")):
+            if list(Path(folder).glob(f"torch-{torch_cpu_version()}-*.whl")):
                 return Path(folder)
-    raise AssertionError(f"no torch-{TORCH_CPU_VERSION} wheel found: set VLLM_TORCH_FIND_LINKS "
-                         "to the folder that holds it")
+    raise AssertionError(f"no torch-{torch_cpu_version()} wheel found: set "
+                         "VLLM_TORCH_FIND_LINKS to the folder that holds it")
 
 
 class Server:
@@ -77,7 +86,7 @@ def build_torch_mirror(root: Path, wheelhouse: Path) -> Path:
     page = root / "cpu" / "torch"
     page.mkdir(parents=True)
     links = []
-    for whl in sorted(wheelhouse.glob(f"torch-{TORCH_CPU_VERSION}-*.whl")):
+    for whl in sorted(wheelhouse.glob(f"torch-{torch_cpu_version()}-*.whl")):
         os.symlink(whl, page / whl.name)
         digest = hashlib.sha256(whl.read_bytes()).hexdigest()
         links.append(f'<a href="{whl.name}#sha256={digest}">{whl.name}</a>')

@@ -139,7 +139,7 @@ class CountingServer:
         self.httpd.server_close()
 
 
-def test_reinstall_downloads_nothing(repo, published, torch_mirror, tmp_path):
+def test_reinstall_downloads_the_wheel_only_once(repo, published, torch_mirror, tmp_path):
     idx, _, commit = published
     server = CountingServer(idx)
     try:
@@ -164,7 +164,7 @@ def test_reinstall_downloads_nothing(repo, published, torch_mirror, tmp_path):
 
     # and with the server gone, a pinned location (URL#sha256) installs from the cache alone
     git(repo, "clean", "-qfdX", "engine")
-    py, res = install(repo, tmp_path / "offline", torch_mirror, {
+    py, _ = install(repo, tmp_path / "offline", torch_mirror, {
         "VLLM_PRECOMPILED_WHEEL_LOCATION": f"{used['source']}#sha256={used['sha256']}",
         "VLLM_PRECOMPILED_CACHE": str(tmp_path / "cache")})
     assert smoke(py, tmp_path)["sha256"] == used["sha256"]

@@ -1,6 +1,6 @@
 """Bisect costs: one step against compiling that commit, and steps per range.
 
-    python benchmarks/bisect.py
+    python benchmarks/bisect.py [--check]
 
 1. A bisect step with a warm cache: a fresh virtual environment, the commit's
    real cpu wheel (and the torch it pins) installed with uv, a trivial command
@@ -19,6 +19,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
+import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -31,6 +32,7 @@ from pathlib import Path  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO / "tests"))
 
+from benchmarks.common import Targets, add_check_argument  # noqa: E402
 from helpers import torch_wheelhouse  # noqa: E402
 from tools import bisect as tb  # noqa: E402
 from wheel_index.publish import publish  # noqa: E402
@@ -42,7 +44,7 @@ def git(repo, *args):
                           check=True).stdout.strip()
 
 
-def step_time(tmp: Path) -> None:
+def step_time(tmp: Path, targets: Targets) -> None:
     src = tmp / "src"
     git(tmp, "clone", "-q", str(REPO), str(src))
     env = {**os.environ, "PYTHON": sys.executable, "VLLM_TORCH_FIND_LINKS": str(torch_wheelhouse()),
@@ -78,12 +80,13 @@ def step_time(tmp: Path) -> None:
     compile_time = time.perf_counter() - t0
     s = statistics.median(steps)
     print(f"bisect step, warm cache (fresh venv + wheel + torch, run `import engine`): "
-          f"{s:5.2f} s (target < 10 s) {'ok' if s < 10 else 'MISS'}")
+          f"{s:5.2f} s")
     print(f"compiling that commit from source (cpu, cold, no compiler cache):          "
           f"{compile_time:5.2f} s  -> a step costs {s / compile_time:.2f}x a compile")
+    targets.record("bisect step, warm cache", s, 10.0, higher_is_better=False, unit="s")
 
 
-def steps_per_range(tmp: Path, n: int = 64) -> None:
+def steps_per_range(tmp: Path, targets: Targets, n: int = 64) -> None:
     repo = tmp / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -114,15 +117,19 @@ def steps_per_range(tmp: Path, n: int = 64) -> None:
             tb.test_commit = real
         assert r.first_bad == commits[breaks_at], breaks_at
         worst = max(worst, len(tested))
-    print(f"{n}-commit range, every position of the first bad commit: at most {worst} steps "
-          f"(target <= 7) {'ok' if worst <= 7 else 'MISS'}")
+    print(f"{n}-commit range, every position of the first bad commit: at most {worst} steps")
+    targets.record(f"steps over a {n}-commit range", worst, 7, higher_is_better=False, unit="")
 
 
 def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_check_argument(p)
+    args = p.parse_args()
+    targets = Targets()
     with tempfile.TemporaryDirectory() as t:
-        step_time(Path(t))
-        steps_per_range(Path(t))
-    return 0
+        step_time(Path(t), targets)
+        steps_per_range(Path(t), targets)
+    return targets.finish(args.check)
 
 
 if __name__ == "__main__":

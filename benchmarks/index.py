@@ -1,6 +1,6 @@
 """Wheel index costs, each against its baseline in the same run.
 
-    python benchmarks/index.py [--commits 1000] [--skip-s3]
+    python benchmarks/index.py [--commits 1000] [--skip-s3] [--check]
 
 1. Publishing one commit into an index that already holds N commits, divided
    by publishing one into an empty index, on disk and on S3 (moto on
@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO / "tests"))
 
+from benchmarks.common import Targets, add_check_argument  # noqa: E402
 from helpers import MotoServer, make_wheel  # noqa: E402
 from wheel_index.publish import publish  # noqa: E402
 from wheel_index.server import IndexHandler, make_server  # noqa: E402
@@ -62,7 +63,7 @@ def fill(storage, wheel_dir: Path, n: int) -> None:
         list(pool.map(one, range(1, n + 1)))
 
 
-def bench_publish(make_storage, label: str, n: int, tmp: Path) -> None:
+def bench_publish(make_storage, label: str, n: int, tmp: Path, targets: Targets) -> None:
     empty = make_storage("empty")
     full = make_storage("full")
     t0 = time.perf_counter()
@@ -72,8 +73,9 @@ def bench_publish(make_storage, label: str, n: int, tmp: Path) -> None:
     t_full = publish_time(full, tmp / f"{label}-f", 20_000_000)
     ratio = t_full / t_empty
     print(f"publish one commit, {label:<5}: empty index {t_empty * 1e3:7.1f} ms, "
-          f"{n} commits {t_full * 1e3:7.1f} ms, ratio {ratio:4.2f}x "
-          f"(target <= 1.5x) {'ok' if ratio <= 1.5 else 'MISS'}   [filled in {filled:.0f} s]")
+          f"{n} commits {t_full * 1e3:7.1f} ms, ratio {ratio:4.2f}x   [filled in {filled:.0f} s]")
+    targets.record(f"publish into {n} commits vs empty ({label})", ratio, 1.5,
+                   higher_is_better=False)
 
 
 class Counting(IndexHandler):
@@ -87,7 +89,7 @@ class Counting(IndexHandler):
         super().send_header(keyword, value)
 
 
-def bench_dry_run(tmp: Path) -> None:
+def bench_dry_run(tmp: Path, targets: Targets) -> None:
     idx = tmp / "dry-index"
     c = commit_of(1)
     # A wheel of realistic size: 8 MiB of incompressible kernel-like payload.
@@ -112,8 +114,9 @@ def bench_dry_run(tmp: Path) -> None:
     total = sum(Counting.sent.values())
     size = w.stat().st_size
     print(f"uv pip install --dry-run from nightly/cpu: {total} bytes transferred for a "
-          f"{size} byte wheel = {total / size:.4f} of it (target < 0.1) "
-          f"{'ok' if total < size / 10 else 'MISS'}")
+          f"{size} byte wheel = {total / size:.4f} of it")
+    targets.record("uv --dry-run bytes / wheel size", total / size, 0.1, higher_is_better=False,
+                   unit="")
     for path, n in sorted(Counting.sent.items()):
         print(f"    {n:9d}  {path}")
 
@@ -122,11 +125,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--commits", type=int, default=1000)
     p.add_argument("--skip-s3", action="store_true")
+    add_check_argument(p)
     args = p.parse_args()
+    targets = Targets()
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         bench_publish(lambda name: open_storage(str(tmp / f"disk-{name}")), "disk",
-                      args.commits, tmp)
+                      args.commits, tmp, targets)
         if not args.skip_s3:
             import boto3
 
@@ -139,11 +144,11 @@ def main() -> int:
                     s3.create_bucket(Bucket=f"bench-{name}")
                     return open_storage(f"s3://bench-{name}/wheels")
 
-                bench_publish(make_s3, "s3", args.commits, tmp)
+                bench_publish(make_s3, "s3", args.commits, tmp, targets)
             finally:
                 moto.close()
-        bench_dry_run(tmp)
-    return 0
+        bench_dry_run(tmp, targets)
+    return targets.finish(args.check)
 
 
 if __name__ == "__main__":

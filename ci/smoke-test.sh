@@ -25,8 +25,7 @@ import engine
 variant = sys.argv[1]
 info = engine.BUILD_INFO
 assert info.variant == variant, (info.variant, variant)
-ops = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
-       "reshape_and_cache", "paged_attention"]
+ops = engine.ops.OP_NAMES
 key = {"cpu": "CPU"}.get(info.device, "CUDA" if info.device in ("cuda", "rocm") else "XPU")
 missing = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{op}", key)]
 assert not missing, f"ops without a {key} kernel: {missing}"

@@ -1,8 +1,11 @@
 // Argument validation shared by every device's ops. Each op calls its
 // prepare_* function first: it checks every argument (naming the one it
 // refuses), and returns the shapes and views the device's kernels need, so no
-// kernel can read or write out of bounds. Device-agnostic; on a GPU the bound
-// checks of index tensors synchronize, which is the price of failing cleanly.
+// kernel can read or write out of bounds. Device-agnostic, with one exception:
+// the values inside index tensors (slots, block tables, positions) are checked
+// on the CPU always, but on a GPU only when set_device_bound_checks(true) was
+// called (VLLM_CHECK_BOUNDS=1, engine/envs.py): reading them back synchronizes
+// the device on every call and cannot be captured in a CUDA graph.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,11 +14,23 @@
 #include <ATen/ops/arange.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cmath>
 #include <optional>
 
 namespace engine {
 namespace checks {
+
+// One flag for the whole library (an inline variable: one instance across
+// translation units).
+inline std::atomic<bool> device_bound_checks{false};
+
+inline void set_device_bound_checks(bool enabled) { device_bound_checks.store(enabled); }
+
+// Whether the values of an index tensor on this device are to be checked.
+inline bool check_values_on(const at::Tensor& t) {
+  return t.device().is_cpu() || device_bound_checks.load(std::memory_order_relaxed);
+}
 
 // The data tensor every other argument is compared with: float32 or bfloat16,
 // on the device whose kernels were dispatched to.
@@ -73,7 +88,7 @@ inline at::Tensor rows_input(const at::Tensor& t, int64_t hidden) {
 
 inline void check_range(const at::Tensor& idx, int64_t lo_ok, int64_t hi_excl, const char* op,
                         const char* what_msg) {
-  if (idx.numel() == 0) return;
+  if (idx.numel() == 0 || !check_values_on(idx)) return;
   int64_t lo, hi;
   if (idx.device().is_cpu() && idx.is_contiguous()) {
     // A scan on the host: cheaper than two reductions for the small index
@@ -320,7 +335,7 @@ inline Attention prepare_paged_attention(const at::Tensor& out, const at::Tensor
                     block_tables.size(0), " and ", seq_lens.size(0));
   TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
   const int64_t max_blocks = block_tables.size(1);
-  if (seqs > 0) {
+  if (seqs > 0 && check_values_on(seq_lens)) {
     check_range(seq_lens, 0, max_blocks * c.block_size + 1, op,
                 "seq_lens (must fit block_tables' blocks)");
     // Every block a sequence uses must lie inside the cache.

@@ -3,6 +3,7 @@
 // code written against upstream's ops runs unchanged.
 #include <torch/library.h>
 
+#include "op_checks.h"
 #include "ops.h"
 
 TORCH_LIBRARY(_C, m) {
@@ -18,6 +19,8 @@ TORCH_LIBRARY(_C, m) {
   m.def(
       "paged_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor seq_lens, float scale) -> ()");
+  // Settings, not kernels: no tensors, no dispatch key.
+  m.def("set_device_bound_checks", &engine::checks::set_device_bound_checks);
 #ifdef ENGINE_WITH_CPU_KERNELS
   m.def("cpu_isa", &engine::cpu::isa);
   m.def("select_cpu_isa", &engine::cpu::select_isa);

@@ -1,35 +1,33 @@
 """vllm-engine: an LLM inference engine whose compiled kernels ship as per-variant wheels.
 
-`import engine` is cheap (no torch), so the `engine` command starts fast. The
-compiled kernels load on first use of `engine.ops`, `engine.BUILD_INFO`,
-`engine.LLM` or `engine.SamplingParams`, after checking that the installed
-torch is the one they were compiled against (`import engine.ops` does it at once).
+Importing the package checks, without importing torch, that this installation
+is complete and that the installed torch is the one the kernels were compiled
+against (TorchMismatchError otherwise). The kernels
+themselves (`engine.ops`, `engine.BUILD_INFO`) and the model runner (LLM,
+SamplingParams) load on first use, so that `engine --help` starts at once.
 """
 from __future__ import annotations
 
-from importlib import metadata as _metadata
+from engine._kernels import check_installed as _check_installed
+from engine.build_info import BuildInfo
 
-try:
-    __version__ = _metadata.version("vllm-engine")
-except _metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+_check_installed()
 
 __all__ = ["BUILD_INFO", "BuildInfo", "LLM", "SamplingParams", "ops", "__version__"]
 
 
 def __getattr__(name: str):
-    if name == "ops":
-        import engine.ops
+    if name == "__version__":  # importlib.metadata costs more than the rest of `import engine`
+        from importlib import metadata
 
-        return engine.ops
-    if name == "BUILD_INFO":
-        from engine.ops import BUILD_INFO
+        try:
+            return metadata.version("vllm-engine")
+        except metadata.PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
+    if name in ("ops", "BUILD_INFO"):
+        import engine.ops  # loads the kernels
 
-        return BUILD_INFO
-    if name == "BuildInfo":
-        from engine.build_info import BuildInfo
-
-        return BuildInfo
+        return engine.ops if name == "ops" else engine.ops.BUILD_INFO
     if name == "LLM":
         from engine.llm import LLM
 

@@ -2,12 +2,15 @@
 
 Before the extension is loaded, the torch it was compiled against is compared
 with the installed one, and the CPU code path is chosen from VLLM_CPU_ISA.
+check_installed() does the checks that need no torch import (`import engine`).
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
+from pathlib import Path
 
-import torch
 from packaging.version import Version
 
 from engine import envs
@@ -28,9 +31,11 @@ def _fix_command(info: BuildInfo) -> str:
 
 
 def check_torch(info: BuildInfo, installed: str) -> None:
+    """The local label counts too: a +cu129 build needs CUDA 12 libraries that a
+    +cpu (or the default CUDA 13) torch of the same release does not ship."""
     if info.torch_version is None:
         return
-    if Version(installed).public != Version(info.torch_version).public:
+    if Version(installed) != Version(info.torch_version):
         raise TorchMismatchError(
             f"vllm-engine's kernels ({info.variant}) were compiled against torch "
             f"{info.torch_version}, but torch {installed} is installed. The compiled ops would "
@@ -39,19 +44,49 @@ def check_torch(info: BuildInfo, installed: str) -> None:
         )
 
 
+def installed_torch_version() -> str | None:
+    """torch.__version__ without importing torch (seconds): read from torch/version.py."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^__version__\s*(?::\s*\w+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+
+def check_installed() -> None:
+    """What `import engine` checks before anything imports torch: a complete
+    installation and the torch it was compiled against. VLLM_CPU_ISA is checked
+    where the kernels load (`engine.ops`), against what this CPU runs."""
+    info = build_info()
+    if not info.has_kernels:
+        return
+    installed = installed_torch_version()
+    if installed is not None:  # else load() checks, after importing torch
+        check_torch(info, installed)
+
+
 def load() -> BuildInfo:
     """Load engine._C if this installation has it; return its build info."""
     info = build_info()
     if not info.has_kernels:
         return info
+    import torch
+
     check_torch(info, torch.__version__)
     importlib.import_module("engine._C")
+    torch.ops._C.set_device_bound_checks(envs.check_bounds())
     if info.device == "cpu":
         _select_cpu_isa()
     return info
 
 
 def _select_cpu_isa() -> None:
+    import torch
+
     from engine import cpu_features
 
     features = cpu_features.current()

@@ -46,8 +46,9 @@ def _refuse_missing_kernels() -> None:
         version = metadata.version("vllm-engine")
     except metadata.PackageNotFoundError:
         return  # a source tree that was never installed
-    variant = version.split("+", 1)[1].split(".")[-1] if "+" in version else "cu130"
-    if variant != "empty":
+    # Only the `empty` variant ships without kernels, and it always says so in its
+    # local label; a plain release is the main CUDA variant (compiled).
+    if not version.endswith(("+empty", ".empty")):
         raise ImportError(f"vllm-engine {version} is installed but its compiled kernels "
                           "(engine/_C.abi3.so) are missing; the installation is incomplete. "
                           "Reinstall vllm-engine.")

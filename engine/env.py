@@ -1,19 +1,34 @@
-"""`python -m engine.env`: what this installation is and runs on (like upstream's collect_env)."""
+"""`python -m engine.env`: what this installation is and runs on (like upstream's collect_env).
+
+The first lines come from the build-info record alone; torch is imported only
+for the lines that need it, so the command answers at once.
+"""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 
+WIDTH = len("compiled_against_torch")  # the longest key; the lines print before all are known
 
-def report() -> dict:
-    import torch
 
+def _platform() -> str:
+    """platform.platform()'s answer without its `uname -p` subprocess."""
+    u = os.uname()
+    try:
+        libc = "-with-" + os.confstr("CS_GNU_LIBC_VERSION").replace(" ", "")
+    except (ValueError, OSError, AttributeError):  # not glibc, or not a POSIX system
+        libc = ""
+    return f"{u.sysname}-{u.release}-{u.machine}{libc}"
+
+
+def static_report() -> dict:
+    """What the installation is, from its build-info record (no torch import)."""
     import engine
-    from engine import preload
-    from engine.platforms import current as current_platform
+    from engine.build_info import build_info
 
-    info = engine.BUILD_INFO
+    info = build_info()
     precompiled = None
     if info.extension is not None:
         record = info.extension.with_name("_precompiled.json")
@@ -25,16 +40,28 @@ def report() -> dict:
         "git_commit": info.git_commit,
         "compiled_against_torch": info.torch_version,
         "code_paths": list(info.code_paths),
-        "cpu_isa_in_use": engine.ops.cpu_isa(),
-        **_cpu_report(info),
         "extension": str(info.extension) if info.extension else None,
         "precompiled_from": precompiled,
+        "python": sys.version.split()[0],
+        "platform": _platform(),
+        "processor": platform.machine(),
+    }
+
+
+def runtime_report() -> dict:
+    """What it runs on: loads torch and the kernels."""
+    import torch
+
+    import engine
+    from engine import preload
+    from engine.platforms import current as current_platform
+
+    return {
+        "cpu_isa_in_use": engine.ops.cpu_isa(),
+        **_cpu_report(engine.BUILD_INFO),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "torch_hip": getattr(torch.version, "hip", None),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "processor": platform.machine(),
         "platform_class": type(current_platform()).__name__,
         "ld_preload_hint": preload.export_line(preload.find(), preload.is_source_build()),
     }
@@ -73,20 +100,29 @@ def engine_compiled_isas() -> list[str]:
     return engine.ops.compiled_cpu_isas()
 
 
+def report() -> dict:
+    return {**static_report(), **runtime_report()}
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        data = report()
+        return _print(argv)
     except ValueError as exc:  # a bad run-time variable (VLLM_CPU_ISA, ...): one line
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _print(argv: list[str] | None) -> int:
     if argv and "--json" in argv:
-        print(json.dumps(data, indent=2))
-    else:
-        width = max(map(len, data))
-        for key, value in data.items():
-            print(f"{key:<{width}}  {value}")
-        if data["ld_preload_hint"]:
-            print(f"\nfor the best CPU performance:\n  {data['ld_preload_hint']}")
+        print(json.dumps(report(), indent=2))
+        return 0
+    for key, value in static_report().items():
+        print(f"{key:<{WIDTH}}  {value}", flush=True)
+    runtime = runtime_report()
+    for key, value in runtime.items():
+        print(f"{key:<{WIDTH}}  {value}")
+    if runtime["ld_preload_hint"]:
+        print(f"\nfor the best CPU performance:\n  {runtime['ld_preload_hint']}")
     return 0
 
 

@@ -54,6 +54,15 @@ def cpu_max_isa(env: Mapping[str, str] | None = None) -> str | None:
     return _choice(env, "VLLM_CPU_MAX_ISA", CPU_MAX_ISA_CHOICES, "")
 
 
+def check_bounds(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_CHECK_BOUNDS: `1` also bound-checks index tensors (slots, block tables,
+    positions) on GPUs, `0` (default) only on the CPU. On a GPU each check reads
+    the tensor back, synchronizing the device on every call (and breaking CUDA
+    graph capture), so it is a debugging aid there; on the CPU it is a cheap scan
+    and always on."""
+    return _choice(_env(env), "VLLM_CHECK_BOUNDS", ("0", "1"), "0") == "1"
+
+
 def kvcache_space_bytes(env: Mapping[str, str] | None = None) -> int:
     """VLLM_CPU_KVCACHE_SPACE: the paged KV cache size in GiB (a decimal number);
     unset or 0 means 4 GiB."""
@@ -122,15 +131,6 @@ def visible_memory_nodes(env: Mapping[str, str] | None = None) -> list[int] | No
     env = _env(env)
     raw = env.get("CPU_VISIBLE_MEMORY_NODES", "").strip()
     return parse_cpu_list(raw, "CPU_VISIBLE_MEMORY_NODES") if raw else None
-
-
-def zentorch_weight_prepack(env: Mapping[str, str] | None = None) -> bool:
-    """VLLM_ZENTORCH_WEIGHT_PREPACK: prepack linear weights at load on AMD Zen (default 1)."""
-    env = _env(env)
-    raw = env.get("VLLM_ZENTORCH_WEIGHT_PREPACK", "1").strip().lower()
-    if raw not in ("0", "1", "true", "false"):
-        raise EnvError(f"VLLM_ZENTORCH_WEIGHT_PREPACK={raw!r}: use 1 or 0")
-    return raw in ("1", "true")
 
 
 def sysfs_root(env: Mapping[str, str] | None = None) -> str:

@@ -83,7 +83,7 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
                                                 head_size)[:, :, :max_len]
 
     k, v = gather(key_cache), gather(value_cache)
-    mask = torch.arange(max_len)[None, :] < seq_lens[:, None].long()
+    mask = torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens[:, None].long()
     o = F.scaled_dot_product_attention(query[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
                                        scale=scale, enable_gqa=kv_heads != heads)
     o = o[:, :, 0, :]

@@ -15,6 +15,28 @@ REPO = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
 
 
+def torch_cpu_pin() -> str:
+    """The cpu variant's torch, "torch==<version>+cpu", from requirements/torch/cpu.txt
+    (its one home). A function, not a constant: the smoke test imports this module
+    where only engine and torch are installed."""
+    from tools.target import torch_requirement
+    from tools.variants import get_variant
+
+    return torch_requirement(get_variant("cpu"))
+
+
+def torch_cpu_version() -> str:
+    return torch_cpu_pin().split("==", 1)[1]
+
+
+def __getattr__(name: str) -> str:  # TORCH_CPU_PIN, TORCH_CPU_VERSION for the tests' imports
+    if name == "TORCH_CPU_PIN":
+        return torch_cpu_pin()
+    if name == "TORCH_CPU_VERSION":
+        return torch_cpu_version()
+    raise AttributeError(name)
+
+
 def run(cmd, *, env=None, cwd=None, check=True, timeout=1800) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([str(c) for c in cmd], env=full_env, cwd=cwd, capture_output=True,
@@ -26,7 +48,7 @@ def run(cmd, *, env=None, cwd=None, check=True, timeout=1800) -> subprocess.Comp
 
 
 def torch_wheelhouse() -> Path:
-    """The folder holding the torch 2.13.0+cpu wheel (pip's find-links here)."""
+    """The folder holding the cpu torch wheel (pip's find-links here)."""
     candidates = [os.environ.get("VLLM_TORCH_FIND_LINKS")]
     try:
         candidates.append(subprocess.run([sys.executable, "-m", "pip", "config", "get",
@@ -36,10 +58,10 @@ def torch_wheelhouse() -> Path:
         pass
     for c in filter(None, candidates):
         for folder in c.split():
-            if list(Path(folder).glob("torch-2.13.0+cpu-*.whl")):
+            if list(Path(folder).glob(f"torch-{torch_cpu_version()}-*.whl")):
                 return Path(folder)
-    raise AssertionError("no torch-2.13.0+cpu wheel found: set VLLM_TORCH_FIND_LINKS to the "
-                         "folder that holds it")
+    raise AssertionError(f"no torch-{torch_cpu_version()} wheel found: set "
+                         "VLLM_TORCH_FIND_LINKS to the folder that holds it")
 
 
 class Server:
@@ -83,7 +105,7 @@ def build_torch_mirror(root: Path, wheelhouse: Path) -> Path:
     page = root / "cpu" / "torch"
     page.mkdir(parents=True)
     links = []
-    for whl in sorted(wheelhouse.glob("torch-2.13.0+cpu-*.whl")):
+    for whl in sorted(wheelhouse.glob(f"torch-{torch_cpu_version()}-*.whl")):
         os.symlink(whl, page / whl.name)
         digest = hashlib.sha256(whl.read_bytes()).hexdigest()
         links.append(f'<a href="{whl.name}#sha256={digest}">{whl.name}</a>')
@@ -135,8 +157,12 @@ def make_wheel(folder: Path, version: str, *, commit: str = "0" * 40, variant: s
     import json
     import zipfile
 
-    if variant is None:  # the local segment's last part; a plain release is the main CUDA one
-        variant = version.split("+")[1].split(".")[-1] if "+" in version else "cu130"
+    if variant is None:  # the local segment's last part (even a bad one, for the tests of
+        # refusals); a plain release is the main CUDA variant
+        from tools.variants import main_cuda_variant
+
+        variant = version.split("+")[1].split(".")[-1] if "+" in version else \
+            main_cuda_variant().label
     dist_info = f"{name}-{version}.dist-info"
     files = {
         "engine/__init__.py": body,

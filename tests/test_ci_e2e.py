@@ -23,7 +23,10 @@ def test_nightly_local_on_a_fresh_clone(tmp_path):
               env={**_env(), "GITHUB_REF": "refs/heads/main"}, cwd=clone)
     assert "installed from the index and ran:" in res.stdout
     assert (index / "nightly" / "cpu" / "vllm-engine" / "index.html").is_file()
-    assert run([sys.executable, "-m", "wheel_index", "verify", "--index", index], cwd=REPO)
+    res = run([sys.executable, "-m", "wheel_index", "verify", "--index", index], cwd=REPO,
+              check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("0 problem(s) in "), res.stdout
 
 
 @pytest.mark.slow

@@ -222,8 +222,6 @@ def test_reserved_cpus_and_memory_nodes():
     assert envs.visible_memory_nodes({}) is None
     with pytest.raises(envs.EnvError, match="CPU_VISIBLE_MEMORY_NODES"):
         envs.visible_memory_nodes({"CPU_VISIBLE_MEMORY_NODES": "x"})
-    with pytest.raises(envs.EnvError, match="VLLM_ZENTORCH_WEIGHT_PREPACK"):
-        envs.zentorch_weight_prepack({"VLLM_ZENTORCH_WEIGHT_PREPACK": "maybe"})
     with pytest.raises(envs.EnvError, match="VLLM_CPU_ISA='sse'"):
         envs.cpu_isa({"VLLM_CPU_ISA": "sse"})
 

@@ -61,7 +61,7 @@ def test_pip_installs_by_commit_and_exact_version(cpu_wheel, folder_index, tmp_p
     commit, version = _commit_and_version(cpu_wheel)
     run([UV, "venv", "-q", "--seed", "--python", sys.executable, tmp_path / "venv"])
     py = tmp_path / "venv" / "bin" / "python"
-    # pip takes torch 2.13.0+cpu from this machine's configured find-links folder
+    # pip takes the cpu torch from this machine's configured find-links folder
     run([py, "-m", "pip", "install", "-q", f"vllm-engine=={version}", "--extra-index-url",
          f"{folder_index}/{commit}/cpu"])
     assert run([py, "-c", SMOKE], cwd=tmp_path).stdout.strip() == version

@@ -54,6 +54,16 @@ def test_kernels_are_compiled():
     assert engine.BUILD_INFO.torch_version.split("+")[0] == torch.__version__.split("+")[0]
 
 
+def test_op_list_is_what_the_extension_registers():
+    """engine.ops.OP_NAMES (read by ci/smoke-test.sh) against csrc/torch_bindings.cpp's
+    registrations: every _C op with a kernel for this build's device, no more, no less."""
+    key = {"cpu": "CPU"}.get(engine.BUILD_INFO.device, "CUDA")
+    registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("_C::")
+                  and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)}
+    assert registered == set(ops.OP_NAMES)
+
+
 def close(a, b, dtype):
     torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
 

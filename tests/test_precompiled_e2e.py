@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, UV, PlusAsSpaceServer, free_port, make_venv, run
+from tools.hashing import sha256_file
 from wheel_index.publish import publish
-from wheel_index.server import make_server
+from wheel_index.server import IndexHandler, make_server
 from wheel_index.storage import open_storage
 
 pytestmark = pytest.mark.slow
@@ -97,8 +98,11 @@ def test_feature_branch_uv_editable(repo, published, torch_mirror, tmp_path):
     py, _ = install(repo, tmp_path, torch_mirror, {"VLLM_PRECOMPILED_WHEEL_INDEX": str(idx)})
     used = smoke(py, tmp_path)
     assert used["commit"] == commit and used["variant"] == "cpu" and used["fallback_from"] is None
-    # a reinstall does no network: the download cache is keyed by sha256
-    assert (tmp_path / "cache" / used["sha256"]).is_dir() or used["source"].startswith(str(idx))
+    # a folder index's wheel is used in place: the stored file itself, checked, never copied
+    stored = Path(used["source"])
+    assert stored.parent == idx / commit / "cpu" / "vllm-engine" and stored.is_file()
+    assert sha256_file(stored) == used["sha256"]
+    assert not (tmp_path / "cache").exists()
 
 
 def test_detached_head_pip_editable_from_served_index(repo, published, torch_mirror, tmp_path):
@@ -110,6 +114,60 @@ def test_detached_head_pip_editable_from_served_index(repo, published, torch_mir
     used = smoke(py, tmp_path)
     assert used["commit"] == commit and used["source"].startswith(url)
     assert (tmp_path / "cache" / used["sha256"]).is_dir()
+
+
+class CountingServer:
+    """The index served on 127.0.0.1, remembering every path asked for."""
+
+    def __init__(self, root: Path):
+        self.paths: list[str] = []
+        paths = self.paths
+
+        class Handler(IndexHandler):
+            def do_GET(self):
+                paths.append(self.path)
+                super().do_GET()
+
+        Handler.root = Path(root).absolute()
+        self.httpd = make_server(root)
+        self.httpd.RequestHandlerClass = Handler
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_reinstall_downloads_the_wheel_only_once(repo, published, torch_mirror, tmp_path):
+    idx, _, commit = published
+    server = CountingServer(idx)
+    try:
+        env = {"VLLM_PRECOMPILED_WHEEL_INDEX": server.url}
+        py, _ = install(repo, tmp_path, torch_mirror, env)
+        used = smoke(py, tmp_path)
+        assert used["commit"] == commit and used["source"].startswith(server.url)
+        wheels = [p for p in server.paths if p.endswith(".whl")]
+        assert len(wheels) == 1, server.paths  # downloaded once, into the cache keyed by sha256
+        assert (tmp_path / "cache" / used["sha256"]).is_dir()
+
+        # the same install again, from a fresh environment: only the small metadata
+        # document is read, the wheel comes from the cache
+        git(repo, "clean", "-qfdX", "engine")
+        del server.paths[:]
+        py, _ = install(repo, tmp_path / "again", torch_mirror,
+                        {**env, "VLLM_PRECOMPILED_CACHE": str(tmp_path / "cache")})
+        assert smoke(py, tmp_path)["sha256"] == used["sha256"]
+        assert server.paths and not [p for p in server.paths if p.endswith(".whl")], server.paths
+    finally:
+        server.close()
+
+    # and with the server gone, a pinned location (URL#sha256) installs from the cache alone
+    git(repo, "clean", "-qfdX", "engine")
+    py, _ = install(repo, tmp_path / "offline", torch_mirror, {
+        "VLLM_PRECOMPILED_WHEEL_LOCATION": f"{used['source']}#sha256={used['sha256']}",
+        "VLLM_PRECOMPILED_CACHE": str(tmp_path / "cache")})
+    assert smoke(py, tmp_path)["sha256"] == used["sha256"]
 
 
 def test_nightly_and_non_editable(repo, published, torch_mirror, tmp_path):

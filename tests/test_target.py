@@ -190,7 +190,9 @@ def test_cli_json(tmp_path):
     assert data["device"] == "cuda" and data["variant"] == "cu129"
     assert data["torch_backend"] == "cu129"
     assert data["torch_index_url"] == "http://127.0.0.1:9/whl/cu129"
-    assert data["torch_requirement"] == "torch==2.13.0+cu129"
+    pin = data["torch_requirement"]
+    assert pin == target.torch_requirement(target.get_variant("cu129"))  # requirements/torch/
+    assert pin.startswith("torch==") and pin.endswith("+cu129")
     assert any("550.1" in r for r in data["reasons"])
 
 
@@ -216,3 +218,35 @@ def test_cli_invalid_override_is_one_clear_line(tmp_path):
     assert res.returncode == 2
     assert "Traceback" not in res.stderr
     assert "valid values: cuda, rocm, xpu, cpu, empty" in res.stderr
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("__version__ = '2.13.0+cu129'\ncuda: Optional[str] = '12.9'\nhip: Optional[str] = None\n",
+     ("12.9", None, None)),
+    ("__version__ = '2.13.0+rocm7.0'\ncuda = None\nhip = '7.0.51831'\n", (None, "7.0.51831", None)),
+])
+def test_torch_versions_are_read_without_importing_torch(tmp_path, monkeypatch, text, expected):
+    import importlib.machinery
+    import importlib.util
+
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('importing torch is too slow here')\n")
+    (pkg / "version.py").write_text("from typing import Optional\n" + text)
+    spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(pkg)]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: spec if name == "torch" else real(name, *a))
+    assert target._torch_versions() == expected
+
+
+def test_unreadable_torch_version_is_a_reason(tmp_path, monkeypatch):
+    import importlib.machinery
+    import importlib.util
+
+    spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path / "torch")]  # no version.py
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
+    cuda, hip, problem = target._torch_versions()
+    assert cuda is None and hip is None and "cannot be read" in problem

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.ops import OP_NAMES
 from helpers import REPO, UV, copy_source_tree, make_venv, run
 
 pytestmark = pytest.mark.slow
 
-OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
-       "reshape_and_cache", "paged_attention"]
 ALLOWED_NEEDED = {"libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so", "libc10.so",
                   "libc10_cuda.so", "libcudart.so.13", "libstdc++.so.6", "libgcc_s.so.1",
                   "libc.so.6", "libm.so.6"}
@@ -38,12 +37,14 @@ def test_cu130_wheel_compiles_links_repairs_and_registers_cuda_ops(tmp_path: Pat
     assert "libtorch_cuda.so" in needed and needed <= ALLOWED_NEEDED, needed
 
     py = make_venv(tmp_path / "venv", str(wheel))  # torch==2.13.0 (CUDA 13.0) from PyPI
+    # the installed wheel's own op list (engine.ops.OP_NAMES, checked against the
+    # registrations by tests/test_ops.py), each with a CUDA kernel
     check = ("import torch, engine; print(engine.BUILD_INFO.variant, torch.version.cuda); "
-             f"print(*[torch._C._dispatch_has_kernel_for_dispatch_key('_C::' + op, 'CUDA') "
-             f"for op in {OPS!r}])")
+             "print(*[torch._C._dispatch_has_kernel_for_dispatch_key('_C::' + op, 'CUDA') "
+             "for op in engine.ops.OP_NAMES])")
     lines = run([py, "-c", check], cwd=tmp_path).stdout.splitlines()
     assert lines[0].split() == ["cu130", "13.0"]
-    assert lines[1].split() == ["True"] * len(OPS)
+    assert lines[1].split() == ["True"] * len(OP_NAMES)
 
 
 @pytest.fixture(scope="module")

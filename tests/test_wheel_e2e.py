@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, UV, copy_source_tree, make_venv, run
+from helpers import (REPO, TORCH_CPU_PIN, TORCH_CPU_VERSION, UV, copy_source_tree, make_venv,
+                     run)
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def test_repaired_wheel_is_honest(cpu_wheel: Path, tmp_path: Path):
     assert "engine/_C.abi3.so" in names and "engine/_build_info.json" in names
     assert not [n for n in names if re.search(r"lib(torch|c10|gomp|iomp)", n)], names
     info = json.loads(zipfile.ZipFile(cpu_wheel).read("engine/_build_info.json"))
-    assert info["variant"] == "cpu" and info["torch_version"] == "2.13.0+cpu"
+    assert info["variant"] == "cpu" and info["torch_version"] == TORCH_CPU_VERSION
     assert set(info["code_paths"]) == {"cpu-avx2", "cpu-avx512"}
     assert re.fullmatch(r"[0-9a-f]{40}", info["git_commit"])
 
@@ -56,7 +57,7 @@ def test_wheel_in_fresh_venv_runs_every_op(cpu_wheel: Path, torch_mirror: str, t
                    extra_args=_mirror_args(torch_mirror))
     where = run([py, "-c", "import engine, torch; print(engine.__file__); print(torch.__version__)"],
                 cwd=tmp_path).stdout.split()
-    assert where[0].startswith(str(tmp_path / "venv")) and where[1] == "2.13.0+cpu"
+    assert where[0].startswith(str(tmp_path / "venv")) and where[1] == TORCH_CPU_VERSION
     # The op suite, both ISA paths, against the installed wheel (not the source tree).
     res = run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPO / "tests" / "test_ops.py"],
               cwd=tmp_path, check=False)
@@ -80,7 +81,7 @@ print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'gomp
     res = run([py, "-c", "import engine.ops"], cwd=tmp_path, check=False)
     assert res.returncode != 0
     assert "TorchMismatchError" in res.stderr and "2.12.0+cpu" in res.stderr
-    assert "2.13.0+cpu" in res.stderr and "pip install 'torch==2.13.0+cpu'" in res.stderr
+    assert TORCH_CPU_VERSION in res.stderr and f"pip install '{TORCH_CPU_PIN}'" in res.stderr
     record.write_text(json.dumps(data))
 
     # A bad VLLM_CPU_ISA is refused by name.
@@ -99,7 +100,7 @@ def test_uv_build_and_python_m_build(source_copy: Path, torch_mirror: str, tmp_p
     run([UV, "build", "-q", "--wheel", "--out-dir", tmp_path / "uv", *_mirror_args(torch_mirror)],
         env=env, cwd=source_copy)
     # python -m build installs the build requirements with pip, which finds
-    # torch 2.13.0+cpu through this machine's pip configuration.
+    # the cpu torch through this machine's pip configuration.
     run([py, "-m", "build", "--wheel", "--outdir", tmp_path / "pip"], env=env, cwd=source_copy)
     for folder in ("uv", "pip"):
         (wheel,) = (tmp_path / folder).glob("*.whl")
@@ -119,7 +120,7 @@ def test_uv_editable_and_regular_install(source_copy: Path, torch_mirror: str, t
         # cpu build, and no CUDA library was selected
         picked = re.findall(r"Selecting: (\S+)", res.stderr)
         torches = [p for p in picked if p.startswith("torch==")]
-        assert torches and set(torches) == {"torch==2.13.0+cpu"}, torches
+        assert torches and set(torches) == {TORCH_CPU_PIN}, torches
         assert not [p for p in picked if p.startswith("nvidia-")], picked
         out = run([py, "-c", smoke], cwd=tmp_path).stdout.split()
         assert out[0] == "cpu" and out[1] in ("avx512", "avx2")
@@ -129,7 +130,7 @@ def test_uv_editable_and_regular_install(source_copy: Path, torch_mirror: str, t
 
 def test_empty_editable_install_compiles_nothing(source_copy: Path, torch_mirror: str,
                                                   tmp_path: Path):
-    py = make_venv(tmp_path / "venv", "torch==2.13.0+cpu", extra_args=_mirror_args(torch_mirror))
+    py = make_venv(tmp_path / "venv", TORCH_CPU_PIN, extra_args=_mirror_args(torch_mirror))
     res = run([UV, "pip", "install", "--python", py, "-e", source_copy, "-v"],
               env={"VLLM_TARGET_DEVICE": "empty"})
     log = res.stdout + res.stderr
@@ -144,8 +145,8 @@ def test_empty_editable_install_compiles_nothing(source_copy: Path, torch_mirror
 def test_use_existing_torch_keeps_the_installed_torch(tmp_path, torch_mirror):
     src = copy_source_tree(tmp_path / "src")
     out = run([sys.executable, "use_existing_torch.py"], cwd=src).stdout
-    assert "requirements/torch/cpu.txt: removed: torch==2.13.0+cpu" in out
-    py = make_venv(tmp_path / "venv", "torch==2.13.0+cpu", "scikit-build-core>=0.11",
+    assert f"requirements/torch/cpu.txt: removed: {TORCH_CPU_PIN}" in out
+    py = make_venv(tmp_path / "venv", TORCH_CPU_PIN, "scikit-build-core>=0.11",
                    "setuptools-scm>=8", "cmake>=3.26", "ninja", "packaging",
                    extra_args=_mirror_args(torch_mirror))
     probe = ("import os, torch; s = os.stat(torch.__file__); "
@@ -163,7 +164,7 @@ def test_use_existing_torch_keeps_the_installed_torch(tmp_path, torch_mirror):
 
 
 def test_disable_avx512_leaves_that_path_out(source_copy, torch_mirror, tmp_path):
-    py = make_venv(tmp_path / "venv", "torch==2.13.0+cpu", "scikit-build-core>=0.11",
+    py = make_venv(tmp_path / "venv", TORCH_CPU_PIN, "scikit-build-core>=0.11",
                    "setuptools-scm>=8", "cmake>=3.26", "ninja", "packaging", "numpy",
                    "safetensors", "tokenizers", extra_args=_mirror_args(torch_mirror))
     run([UV, "pip", "install", "-q", "--python", py, "--no-build-isolation", source_copy],

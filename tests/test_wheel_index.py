@@ -49,7 +49,7 @@ def test_storage_contract(store, tmp_path):
     f.write_bytes(b"\0" * 5000)
     store.upload_file("x/z/b.whl", f)
     assert store.read("x/y/a.txt") == b"two" and store.read("missing") is None
-    assert store.exists("x/z/b.whl") and not store.exists("x/z/c.whl")
+    assert store.read("x/z/b.whl") == b"\0" * 5000 and store.read("x/z/c.whl") is None
     assert store.list("x") == ["x/y/a.txt", "x/z/b.whl"]
     assert store.list_dirs("") == ["x"] and store.list_dirs("x") == ["y", "z"]
     store.delete(["x/y/a.txt"])
@@ -238,7 +238,7 @@ def test_concurrent_publishers_lose_nothing(store, tmp_path):
     night = store.read("nightly/cpu/vllm-engine/index.html").decode()
     assert jobs[0].name in night and jobs[1].name in night
     for v in ("cu129", "cu130", "rocm700", "xpu"):
-        assert store.exists(f"nightly/{v}/metadata.json")
+        assert store.read(f"nightly/{v}/metadata.json") is not None
 
 
 def test_prune_keeps_nightly_and_releases(store, tmp_path):

@@ -203,8 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "run-one":
-            p = argparse.ArgumentParser(prog="python -m tools.bisect run-one")
-            p.add_argument("rev")
+            p = argparse.ArgumentParser(
+                prog="python -m tools.bisect run-one",
+                description="Test one revision: install its wheel, run the command; exit 0 good, "
+                            "125 skip (no wheel), 1 bad. For `git bisect run python -m "
+                            "tools.bisect run-one HEAD -- CMD...`.")
+            p.add_argument("rev", help="the revision to test (HEAD under git bisect run)")
             _common(p)
             a = p.parse_args(argv[1:])
             root = Path(a.repo)
@@ -220,9 +224,15 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return {GOOD: 0, SKIP: 125}.get(step.verdict, 1)
 
-        p = argparse.ArgumentParser(prog="python -m tools.bisect", description=__doc__)
-        p.add_argument("--good", required=True)
-        p.add_argument("--bad", required=True)
+        p = argparse.ArgumentParser(
+            prog="python -m tools.bisect", description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog="To drive git bisect yourself, one revision at a time:\n"
+                   "  git bisect start --first-parent BAD GOOD\n"
+                   "  git bisect run python -m tools.bisect run-one HEAD -- CMD...\n"
+                   "(python -m tools.bisect run-one --help for its options)")
+        p.add_argument("--good", required=True, help="a revision where CMD succeeds")
+        p.add_argument("--bad", required=True, help="a later revision where CMD fails")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         _common(p)
         a = p.parse_args(argv)

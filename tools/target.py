@@ -155,15 +155,25 @@ def _pci_displays(root: Path) -> list[tuple[str, str]]:
 
 
 def _torch_versions() -> tuple[str | None, str | None, str | None]:
+    """torch.version.cuda and .hip, read from torch/version.py without importing
+    torch (seconds): detection must answer at once."""
+    import ast
     import importlib.util
 
-    if importlib.util.find_spec("torch") is None:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
         return None, None, None
+    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    found: dict[str, str | None] = {}
     try:
-        import torch
-    except Exception as exc:  # a broken torch install is a fact, not a crash
-        return None, None, f"torch is installed but failed to import ({exc}); ignored"
-    return getattr(torch.version, "cuda", None), getattr(torch.version, "hip", None), None
+        for node in ast.parse(path.read_text()).body:
+            target = (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1
+                      else node.target if isinstance(node, ast.AnnAssign) else None)
+            if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value:
+                found[target.id] = ast.literal_eval(node.value)
+    except (OSError, SyntaxError, ValueError) as exc:  # a broken install is a fact, not a crash
+        return None, None, f"torch is installed but {path} cannot be read ({exc}); ignored"
+    return found.get("cuda"), found.get("hip"), None
 
 
 def probe(root: Path | str = "/", which: Callable[[str], str | None] = shutil.which,

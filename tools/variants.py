@@ -16,9 +16,6 @@ from tools.errors import UserError
 #: air-gapped machines, tests).
 DEFAULT_TORCH_INDEX_BASE = "https://download.pytorch.org/whl"
 
-#: The torch release every compiled variant is built against and pins.
-TORCH_VERSION = "2.13.0"
-
 DEVICES = ("cuda", "rocm", "xpu", "cpu", "empty")
 
 #: The CUDA version whose variant is the default one (no suffix in the index

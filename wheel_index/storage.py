@@ -6,11 +6,11 @@ Writes are atomic: on disk a temporary name then a rename, on S3 one PUT.
 from __future__ import annotations
 
 import os
-import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from urllib.parse import urlparse
 
+from tools.atomic import write_atomic
 from tools.errors import UserError
 from wheel_index.layout import COMMIT_RE, NIGHTLY, cache_control, content_type
 
@@ -30,9 +30,6 @@ class Storage(ABC):
 
     @abstractmethod
     def upload_file(self, key: str, path: Path) -> None: ...
-
-    @abstractmethod
-    def exists(self, key: str) -> bool: ...
 
     @abstractmethod
     def list(self, prefix: str) -> list[str]:
@@ -81,17 +78,7 @@ class LocalStorage(Storage):
     def _atomic(self, key: str, write) -> None:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(dest, write, prefix=TMP_PREFIX)
 
     def write_atomic(self, key, data):
         self._atomic(key, lambda f: f.write(data))
@@ -103,9 +90,6 @@ class LocalStorage(Storage):
                     f.write(chunk)
 
         self._atomic(key, copy)
-
-    def exists(self, key):
-        return self._path(key).is_file()
 
     def list(self, prefix):
         return sorted(self.sizes(prefix))
@@ -195,15 +179,6 @@ class S3Storage(Storage):
                                     ExtraArgs=args)
         except Exception as exc:
             raise self._errors(f"uploading {key}", exc) from None
-
-    def exists(self, key):
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except ClientError:
-            return False
 
     def _paginate(self, **kw):
         try:

@@ -51,10 +51,6 @@ class CpuPlatform(Platform):
 class ZenCpuPlatform(CpuPlatform):
     name = "zen_cpu"
 
-    @property
-    def weight_prepack(self) -> bool:
-        return envs.zentorch_weight_prepack()
-
 
 class CudaPlatform(Platform):
     name = "cuda"

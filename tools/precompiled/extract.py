@@ -6,13 +6,12 @@ and renamed, so an interrupted install never leaves a half-written .so.
 """
 from __future__ import annotations
 
-import os
 import stat
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
+from tools.atomic import write_atomic
 from tools.errors import UserError
 from wheel_index.documents import parse_build_info
 
@@ -34,20 +33,6 @@ def check_members(zf: zipfile.ZipFile, where: str) -> None:
         mode = info.external_attr >> 16
         if stat.S_ISLNK(mode):
             raise UserError(f"{where}: refusing link member {info.filename!r}")
-
-
-def _write_atomic(dest: Path, data: bytes, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def extract_kernels(wheel: Path, package_dir: Path, variant: str, torch_requirement: str,
@@ -86,6 +71,6 @@ def extract_kernels(wheel: Path, package_dir: Path, variant: str, torch_requirem
     written = []
     for name, data in sorted(payload.items(), key=lambda kv: kv[0].endswith(".so")):
         dest = package_dir / name
-        _write_atomic(dest, data, 0o755 if name.endswith(".so") else 0o644)
+        write_atomic(dest, data, mode=0o755 if name.endswith(".so") else 0o644)
         written.append(dest)
     return written

@@ -236,7 +236,7 @@ def _wait_idle(server, deadline_s=120) -> dict:
 
 def test_dropped_client_frees_its_blocks(server):
     before = _wait_idle(server)
-    finished_before = sum(v for k, v in before.items() if k.startswith("vllm:request_success"))
+    finished_before = sum(v for k, v in before.items() if k.startswith("vllm:request_success_total"))
     with httpx.stream("POST", server.url + "/v1/completions", headers={
             "Authorization": f"Bearer {KEY}"}, json={
             "prompt": "one two three", "max_tokens": MAX_MODEL_LEN - 8, "stream": True,
@@ -248,7 +248,7 @@ def test_dropped_client_frees_its_blocks(server):
     # the connection is closed: the request must be aborted, not run to its end
     after = _wait_idle(server)
     assert after["vllm:kv_cache_usage_perc"] == 0
-    finished_after = sum(v for k, v in after.items() if k.startswith("vllm:request_success"))
+    finished_after = sum(v for k, v in after.items() if k.startswith("vllm:request_success_total"))
     assert finished_after == finished_before, "the dropped request ran to its end"
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < \
         MAX_MODEL_LEN // 2

@@ -40,8 +40,9 @@ class ServerProcess:
     def __init__(self, model: Path, *extra: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05",
+               "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(REPO)}
         self.log = open(model.parent / f"server-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.cli", "serve", str(model), "--port", str(self.port),
@@ -50,7 +51,8 @@ class ServerProcess:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"engine serve exited {self.proc.returncode}:\n{self.output()}")
+                raise AssertionError(
+                    f"engine serve exited {self.proc.returncode}:\n{self.output()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return

@@ -20,6 +20,9 @@ from helpers import REPO, free_port
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 httpx = pytest.importorskip("httpx2", reason="httpx2 comes with openai")
 
+# real server processes (a minute or more on a busy 2-core machine)
+pytestmark = pytest.mark.slow
+
 KEY = "test-key"
 MAX_MODEL_LEN = 2048
 BLOCK = 32

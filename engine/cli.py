@@ -162,7 +162,13 @@ def make_tiny_model(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": generate, "bench": bench, "serve": serve, "chat": client,
+def env(args) -> int:
+    from engine.env import main as env_main
+
+    return env_main(["--json"] if args.json else [])
+
+
+COMMANDS = {"env": env, "generate": generate, "bench": bench, "serve": serve, "chat": client,
             "complete": client, "make-tiny-model": make_tiny_model}
 
 

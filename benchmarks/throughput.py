@@ -1,11 +1,15 @@
-"""Generation throughput: this engine against transformers' generate(), same
-checkpoint, same prompts, same run; each in its own process so that peak
-memory (max RSS) is its own.
+"""Offline generation throughput: this engine against transformers' generate()
+(or, with --peer vllm, upstream vLLM's CPU engine), same checkpoint, same
+prompts, same run; each engine in its own process so that start-up time and
+peak memory (max RSS) are its own. Also the roofline: the tokens/s that this
+machine's measured memory bandwidth and matmul speed allow.
 
-    python benchmarks/throughput.py [--dtype float32|bfloat16] [--preset small|tiny]
+    python benchmarks/throughput.py [--dtype float32|bfloat16] [--model-size smollm|small|large|tiny]
+    python benchmarks/throughput.py --peer vllm [--model-size small|large]   # bash ci/setup-peer.sh first
 
 Targets: at 16 concurrent requests of 128 new tokens, at least 2x the
-transformers tokens/s; at one request, not slower. Greedy, EOS ignored.
+transformers tokens/s (1.0x vLLM's); at one request, not slower. Greedy, EOS
+ignored; threads bound to CPUs 0-1 for every engine.
 """
 from __future__ import annotations
 
@@ -25,89 +29,145 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(1, str(REPO / "tests"))
+from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, num_params, prompt_ids
 
-# The shape of SmolLM-135M (a real small Llama), with random weights.
-PRESETS = {
-    "small": dict(hidden=576, layers=30, heads=9, kv_heads=3, inter=1536, vocab_size=49152),
-    "tiny": dict(hidden=256, layers=4, heads=8, kv_heads=2, inter=688, vocab_size=8192),
-}
+BATCHES = ((16, 2.0, 1.0), (1, 1.0, 1.0))  # (requests, target vs transformers, vs vllm)
 
 
 def child(kind: str, model: str, dtype: str, batch: int, prompt_len: int, new: int) -> None:
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, 100, (batch, prompt_len), generator=g)
+    """Runs in its own process (for vllm: the peer's Python, without our engine)."""
+    prompts = prompt_ids(batch, prompt_len - 1)
+    t_start = time.perf_counter()
     if kind == "engine":
         from engine import LLM, SamplingParams
 
-        llm = LLM(model=model, dtype=dtype)
+        llm = LLM(model=model, dtype=dtype, max_model_len=MAX_POS)
+        startup = time.perf_counter() - t_start
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-        llm.generate(prompt_token_ids=prompts[:1].tolist(),
+        llm.generate(prompt_token_ids=prompts[:1],
                      sampling_params=SamplingParams(temperature=0, max_tokens=4))
         t0 = time.perf_counter()
-        outs = llm.generate(prompt_token_ids=prompts.tolist(), sampling_params=params)
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
         dt = time.perf_counter() - t0
-        n = sum(len(o.outputs[0].token_ids) for o in outs)
+        ids = [o.outputs[0].token_ids for o in outs]
+    elif kind == "vllm":
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=model, dtype=dtype, max_model_len=MAX_POS, seed=0)
+        startup = time.perf_counter() - t_start
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        llm.generate(inputs[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        t0 = time.perf_counter()
+        outs = llm.generate(inputs, SamplingParams(temperature=0, max_tokens=new,
+                                                   ignore_eos=True), use_tqdm=False)
+        dt = time.perf_counter() - t0
+        ids = [list(o.outputs[0].token_ids) for o in outs]
     else:
+        import torch
         import transformers
 
         m = transformers.AutoModelForCausalLM.from_pretrained(
             model, dtype=getattr(torch, dtype)).eval()
+        startup = time.perf_counter() - t_start
         kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+        x = torch.tensor(prompts)
         with torch.inference_mode():
-            m.generate(prompts[:1], max_new_tokens=4, min_new_tokens=4, **kw)
+            m.generate(x[:1], max_new_tokens=4, min_new_tokens=4, **kw)
             t0 = time.perf_counter()
-            out = m.generate(prompts, max_new_tokens=new, min_new_tokens=new, **kw)
+            out = m.generate(x, max_new_tokens=new, min_new_tokens=new, **kw)
             dt = time.perf_counter() - t0
-        n = (out.shape[1] - prompt_len) * batch
+        ids = out[:, x.shape[1]:].tolist()
+    n = sum(len(i) for i in ids)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"tokens": n, "seconds": dt, "peak_bytes": peak}))
+    print("RESULT " + json.dumps({"tokens": n, "seconds": dt, "peak_bytes": peak,
+                                  "startup": startup, "ids": ids}))
 
 
-def measure(kind, model, dtype, batch, prompt_len, new) -> dict:
-    res = subprocess.run([sys.executable, __file__, "--child", kind, "--model", model, "--dtype",
-                          dtype, "--batch", str(batch), "--prompt-len", str(prompt_len),
-                          "--new", str(new)], capture_output=True, text=True,
-                         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
-    if res.returncode != 0:
-        sys.exit(f"{kind} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+def roofline_child(dtype: str) -> None:
+    """This machine's memory bandwidth (a large copy) and matmul speed."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    src = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB
+    dst = torch.empty_like(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(5))
+    bw = 2 * src.numel() * 4 / best
+    a = torch.randn(2048, 2048, dtype=dt)
+    b = torch.randn(2048, 2048, dtype=dt)
+    flops = 2 * 2048 ** 3 / min(_timed(lambda: a @ b) for _ in range(5))
+    print("RESULT " + json.dumps({"bandwidth": bw, "flops": flops}))
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run_child(python: str, args: list[str], env) -> dict:
+    res = subprocess.run([python, __file__, *args], capture_output=True, text=True, env=env)
+    results = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
+    if res.returncode != 0 or not results:
+        sys.exit(f"{args[:2]} failed:\n{res.stderr[-3000:]}")
+    return json.loads(results[-1][len("RESULT "):])
+
+
+def roofline(params: int, itemsize: int, batch: int, machine: dict) -> float:
+    """Decode tokens/s bound: each step reads every weight once and does
+    2 flops per weight per sequence (attention over 160 tokens is negligible)."""
+    step = max(params * itemsize / machine["bandwidth"], batch * 2 * params / machine["flops"])
+    return batch / step
 
 
 def main() -> int:
+    from benchmarks.peer import peer_env, require_peer
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--model-size", default="smollm", choices=sorted(MODEL_SIZES))
+    p.add_argument("--peer", choices=["transformers", "vllm"], default="transformers")
+    p.add_argument("--threads", default="0-1", help="CPUs every engine runs on (default 0-1)")
     p.add_argument("--child")
     p.add_argument("--model")
     p.add_argument("--batch", type=int)
-    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=33)
     p.add_argument("--new", type=int, default=128)
     a = p.parse_args()
+    if a.child == "roofline":
+        roofline_child(a.dtype)
+        return 0
     if a.child:
         child(a.child, a.model, a.dtype, a.batch, a.prompt_len, a.new)
         return 0
-    from helpers import make_checkpoint
-
+    env = peer_env(a.threads)
+    peer_python = str(require_peer()) if a.peer == "vllm" else sys.executable
     with tempfile.TemporaryDirectory() as tmp:
-        model = str(make_checkpoint(Path(tmp) / "m", "llama", max_pos=1024, init_std=0.02,
-                                    **PRESETS[a.preset]))
-        nparams = sum(os.path.getsize(f) for f in Path(model).glob("*.safetensors")) // 4
-        print(f"checkpoint: Llama shape '{a.preset}' (~{nparams / 1e6:.0f}M parameters), "
-              f"{a.dtype}, prompts of {a.prompt_len} tokens, {a.new} new tokens each, "
-              f"{os.cpu_count()} cores")
-        print(f"{'requests':>8} {'engine tok/s':>13} {'transformers tok/s':>19} {'ratio':>7} "
-              f"{'engine peak':>12} {'hf peak':>9}  target")
-        for batch, target in ((16, 2.0), (1, 1.0)):
-            e = measure("engine", model, a.dtype, batch, a.prompt_len, a.new)
-            h = measure("transformers", model, a.dtype, batch, a.prompt_len, a.new)
+        model = str(make_model(Path(tmp) / "m", a.model_size))
+        params = num_params(a.model_size)
+        itemsize = 4 if a.dtype == "float32" else 2
+        machine = run_child(sys.executable, ["--child", "roofline", "--dtype", a.dtype], env)
+        print(f"checkpoint: random Llama '{a.model_size}' (~{params / 1e6:.0f}M parameters), "
+              f"{a.dtype}, prompts of {a.prompt_len} tokens, {a.new} new tokens each, CPUs "
+              f"{a.threads}; machine: {machine['bandwidth'] / 1e9:.1f} GB/s copy, "
+              f"{machine['flops'] / 1e9:.0f} GFLOP/s matmul")
+        print(f"{'requests':>8} {'engine tok/s':>13} {a.peer + ' tok/s':>19} {'ratio':>7} "
+              f"{'roofline':>9} {'engine':>7} {a.peer:>12} {'start-up':>17} {'peak RSS':>15}"
+              f"  target")
+        for batch, target_hf, target_vllm in BATCHES:
+            target = target_vllm if a.peer == "vllm" else target_hf
+            args = ["--model", model, "--dtype", a.dtype, "--batch", str(batch),
+                    "--prompt-len", str(a.prompt_len), "--new", str(a.new)]
+            e = run_child(sys.executable, ["--child", "engine", *args],
+                          {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+            h = run_child(peer_python, ["--child", a.peer, *args], env)
             te, th = e["tokens"] / e["seconds"], h["tokens"] / h["seconds"]
-            print(f"{batch:>8} {te:>13.1f} {th:>19.1f} {te / th:>6.2f}x "
-                  f"{e['peak_bytes'] / 2**20:>10.0f}MB {h['peak_bytes'] / 2**20:>7.0f}MB  "
-                  f">= {target}x {'ok' if te / th >= target else 'MISS'}")
+            roof = roofline(params, itemsize, batch, machine)
+            same = sum(x == y for x, y in zip(e["ids"], h["ids"]))
+            print(f"{batch:>8} {te:>13.1f} {th:>19.1f} {te / th:>6.2f}x {roof:>9.0f} "
+                  f"{te / roof:>6.0%} {th / roof:>12.0%} {e['startup']:>6.1f}s/{h['startup']:>6.1f}s "
+                  f"{e['peak_bytes'] / 2**20:>6.0f}/{h['peak_bytes'] / 2**20:>6.0f}MB  "
+                  f">= {target}x {'ok' if te / th >= target else 'MISS'}; greedy ids identical "
+                  f"on {same}/{batch}")
     return 0
 
 

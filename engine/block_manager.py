@@ -33,7 +33,10 @@ class BlockManager:
     def free_blocks(self, seq: Sequence) -> None:
         self.free.extend(seq.block_table)
         seq.block_table = []
-        seq.num_cached_tokens = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
 
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + \

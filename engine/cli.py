@@ -1,4 +1,6 @@
-"""The `engine` command: generate, bench, env."""
+"""The `engine` command: generate, bench, env, serve, chat, complete,
+make-tiny-model. Heavy modules (torch, FastAPI) are imported by the command
+that needs them, so that `engine --help` stays fast."""
 from __future__ import annotations
 
 import argparse
@@ -55,6 +57,42 @@ def bench(args) -> int:
     return 0
 
 
+def _serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    s.add_argument("model", help="a checkpoint folder or a Hugging Face id (org/name)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    s.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (default: the model's)")
+    s.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch")
+    s.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens in one step (at least --max-model-len: no chunked prefill)")
+    s.add_argument("--block-size", type=int, default=128)
+    s.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients use for the model (default: MODEL as given)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $VLLM_API_KEY)")
+    s.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template file, instead of the model's")
+    s.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def _client_parser(sub, name: str, help: str) -> None:
+    c = sub.add_parser(name, help=help)
+    c.add_argument("--url", default="http://localhost:8000/v1",
+                   help="the server's API base (default http://localhost:8000/v1)")
+    c.add_argument("--model-name", default=None, help="default: the server's first model")
+    c.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY or none")
+    c.add_argument("--max-tokens", type=int, default=None)
+    c.add_argument("-q", "--quick", metavar="TEXT", default=None,
+                   help="send one message/prompt, print the answer, exit")
+    if name == "chat":
+        c.add_argument("--system-prompt", default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="engine")
     sub = p.add_subparsers(dest="command", required=True)
@@ -73,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--num-prompts", type=int, default=16)
     b.add_argument("--input-len", type=int, default=32)
     b.add_argument("--output-len", type=int, default=128)
+    _serve_parser(sub)
+    _client_parser(sub, "chat", "chat with a running server (like `vllm chat`)")
+    _client_parser(sub, "complete", "complete prompts on a running server (like `vllm complete`)")
+    t = sub.add_parser("make-tiny-model", help="write a small random Llama with a tokenizer "
+                       "and a chat template, for trying the engine offline")
+    t.add_argument("dir", help="a new folder")
+    t.add_argument("--seed", type=int, default=0)
     env = sub.add_parser("env", help="print what this installation is and runs on")
     env.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -81,10 +126,41 @@ def main(argv: list[str] | None = None) -> int:
 
         return env_main(["--json"] if args.json else [])
     try:
-        return {"generate": generate, "bench": bench}[args.command](args)
+        return COMMANDS[args.command](args)
     except ValueError as exc:  # configuration and input errors: one clear line
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def serve(args) -> int:
+    import logging
+    import os
+
+    from engine.entrypoints.openai.serve import serve as run
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
+    args.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    return run(args)
+
+
+def client(args) -> int:
+    from engine.entrypoints.cli_client import run
+
+    return run(args)
+
+
+def make_tiny_model(args) -> int:
+    from engine.tiny_model import make_tiny_model as make
+
+    path = make(args.dir, seed=args.seed)
+    print(f"wrote a tiny random Llama to {path}; try: engine serve {path}")
+    return 0
+
+
+COMMANDS = {"generate": generate, "bench": bench, "serve": serve, "chat": client,
+            "complete": client, "make-tiny-model": make_tiny_model}
 
 
 if __name__ == "__main__":

@@ -62,6 +62,4 @@ class ModelRunner:
                                 self._tensor(last, torch.int64))
         finally:
             set_context(None)
-        for s in seqs:
-            s.num_cached_tokens = len(s)
-        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        return sample(logits, [s.params for s in seqs], [s.generator(logits.device) for s in seqs])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine.block_manager import BlockManager
-from engine.sequence import Sequence, Status
+from engine.sequence import Sequence
 
 
 class Scheduler:
@@ -36,7 +36,6 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq)
-            seq.status = Status.RUNNING
             tokens += len(seq)
             batch.append(seq)
         if batch:
@@ -60,13 +59,20 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free_blocks(seq)
-        seq.status = Status.WAITING
-        seq.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        seq.status = Status.FINISHED
         seq.finish_reason = reason
         self.blocks.free_blocks(seq)
         self.running.remove(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a waiting or running sequence and free its blocks now."""
+        seq.finish_reason = "abort"
+        self.blocks.free_blocks(seq)
+        for queue in (self.running, self.waiting):
+            try:
+                queue.remove(seq)
+            except ValueError:
+                pass

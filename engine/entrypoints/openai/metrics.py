@@ -1,0 +1,62 @@
+"""The server's Prometheus metrics, named as upstream vLLM names them."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# seconds; upstream's buckets, trimmed to what a CPU engine sees
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class Metrics:
+    """Fed by AsyncLLM's engine thread (on_step, on_token) and the request
+    handlers (on_prompt); one registry per server."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.",
+                             labels, registry=r).labels(model_name)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+                             labels, registry=r).labels(model_name)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use "
+                              "(1 = all).", labels, registry=r).labels(model_name)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels,
+                                     registry=r).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels,
+                                         registry=r).labels(model_name)
+        self._success = Counter("vllm:request_success", "Requests finished, by reason.",
+                                labels + ["finished_reason"], registry=r)
+        self.model_name = model_name
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=TTFT_BUCKETS, registry=r).labels(model_name)
+        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time between two output "
+                              "tokens of a request.", labels, buckets=TPOT_BUCKETS,
+                              registry=r).labels(model_name)
+
+    def on_prompt(self, num_tokens: int) -> None:
+        self.prompt_tokens.inc(num_tokens)
+
+    def on_step(self, core) -> None:
+        s = core.scheduler
+        self.running.set(len(s.running))
+        self.waiting.set(len(s.waiting))
+        b = core.blocks
+        self.kv_usage.set((b.num_blocks - b.num_free) / max(b.num_blocks, 1))
+
+    def on_token(self, stream, now: float, finish_reason: str | None) -> None:
+        self.generation_tokens.inc()
+        if stream.first_token is None:
+            stream.first_token = now
+            self.ttft.observe(now - stream.arrival)
+        else:
+            self.tpot.observe(now - stream.last_token)
+        stream.last_token = now
+        if finish_reason is not None:
+            self._success.labels(self.model_name, finish_reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,213 @@
+"""The server's parts without a server: chat templates against transformers,
+models by Hugging Face id from the cache, the tiny model, the engine core's
+live loop (join, leave, abort), and a fast `engine --help`."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+transformers = pytest.importorskip("transformers", reason="a dev requirement (requirements/dev.txt)")
+
+TEMPLATES = {
+    "tiny": None,  # the tiny model's own
+    # the features real templates use: raise_exception, loop controls, tojson,
+    # trim/lstrip of blocks, namespace, the special tokens
+    "features": (
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}\n"
+        "{{ bos_token }}\n"
+        "{% set ns = namespace(n=0) %}\n"
+        "{% for m in messages %}\n"
+        "  {% if m['role'] == 'skip' %}{% continue %}{% endif %}\n"
+        "  {% set ns.n = ns.n + 1 %}\n"
+        "  [{{ ns.n }}] {{ m['role'] | upper }}: {{ m['content'] | trim }} {{ m | tojson }}\n"
+        "{% endfor %}\n"
+        "{% if add_generation_prompt %}ASSISTANT:{% endif %}{{ eos_token }}"),
+}
+MESSAGES = [{"role": "system", "content": "Be brief. Ünïcode ok"},
+            {"role": "user", "content": "  Hello?  "}, {"role": "skip", "content": "no"},
+            {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again"}]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from engine.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_template_renders_as_transformers(tiny, name, add_generation_prompt):
+    from engine.entrypoints import chat_utils
+
+    tok = transformers.AutoTokenizer.from_pretrained(tiny)
+    template = TEMPLATES[name] or chat_utils.load_template(tiny)
+    want = tok.apply_chat_template(MESSAGES, chat_template=template, tokenize=False,
+                                   add_generation_prompt=add_generation_prompt)
+    got = chat_utils.render(template, MESSAGES, add_generation_prompt=add_generation_prompt,
+                            tokens=chat_utils.special_tokens(tiny), tools=None, documents=None)
+    assert got == want
+
+
+def test_chat_template_errors_are_clear(tiny):
+    from engine.entrypoints import chat_utils
+
+    with pytest.raises(chat_utils.ChatTemplateError, match="refused these messages: system first"):
+        chat_utils.render(TEMPLATES["features"], MESSAGES[1:])
+    with pytest.raises(chat_utils.ChatTemplateError, match="does not parse"):
+        chat_utils.render("{% for %}", MESSAGES)
+    with pytest.raises(chat_utils.ChatTemplateError, match="no such file"):
+        chat_utils.load_template(tiny, "/nonexistent/template.jinja")
+    cfg = json.loads((tiny / "tokenizer_config.json").read_text())
+    assert chat_utils.load_template(tiny) == cfg["chat_template"]
+
+
+def test_tiny_model_loads_in_transformers_and_refuses_a_used_folder(tiny, tmp_path):
+    import torch
+
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+    from engine.tiny_model import make_tiny_model
+
+    llm = LLM(model=tiny, dtype="float32", block_size=32, num_kv_blocks=8, max_model_len=256,
+              bind_threads=False)
+    ids = llm.tokenizer.encode("Hello there, ünïcode!").ids
+    assert llm.tokenizer.decode(ids) == "Hello there, ünïcode!"  # byte-level: any text
+    out = llm.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(
+        temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0].token_ids
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    x = torch.tensor([ids])  # the mask is explicit: <|begin_of_text|> is id 0, not padding
+    ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, min_new_tokens=8,
+                      do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    assert out == ref
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    with pytest.raises(ValueError, match="is not an empty folder"):
+        make_tiny_model(tmp_path / "used")
+    assert not (tmp_path / "used.partial").exists()
+
+
+def _fake_hub_cache(root: Path, repo_id: str, source: Path) -> None:
+    """huggingface_hub's cache layout: models--org--name/{refs/main, snapshots/<rev>/}."""
+    base = root / ("models--" + repo_id.replace("/", "--"))
+    rev = "0" * 40
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text(rev)
+    snap = base / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for f in source.iterdir():
+        (snap / f.name).symlink_to(f)
+
+
+def test_model_by_hub_id_from_cache_offline(tiny, tmp_path, monkeypatch):
+    from engine.model_source import resolve_model
+
+    _fake_hub_cache(tmp_path / "hub", "someone/tiny-llama", tiny)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    path = resolve_model("someone/tiny-llama")
+    assert (path / "config.json").is_file() and path.name == "0" * 40
+    with pytest.raises(ValueError, match="'someone/absent'.*not in the Hugging Face cache.*"
+                       "HF_HUB_OFFLINE=1"):
+        resolve_model("someone/absent")
+    with pytest.raises(ValueError, match="'/no/such/dir' is not a folder"):
+        resolve_model("/no/such/dir")
+
+
+def test_cli_reports_a_missing_model_in_one_line(capsys, tmp_path, monkeypatch):
+    from engine.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    assert main(["serve", "nobody/nothing", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'nobody/nothing'" in err and "Traceback" not in err
+
+
+def test_help_does_not_import_the_server_stack():
+    code = ("import sys; from engine.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('fastapi', 'uvicorn', 'openai', 'transformers', "
+            "'engine.core', 'engine.llm') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert "serve" in out.stdout and "make-tiny-model" in out.stdout
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+# ---- the live loop ---------------------------------------------------------------
+
+
+def test_requests_join_leave_and_abort_between_steps(tiny):
+    from engine.core import EngineCore
+    from engine.sampling_params import SamplingParams
+
+    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
+                      bind_threads=False)
+    p = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    a = core.make_sequence("a", "one two three", p)
+    core.add(a)
+    core.step()
+    core.step()
+    b = core.make_sequence("b", "four five", SamplingParams(temperature=0, max_tokens=3,
+                                                            ignore_eos=True))
+    core.add(b)  # joins while a runs
+    assert [s.request_id for s in core.step()] == ["b"]  # its prefill
+    assert {s.request_id for s in core.step()} == {"a", "b"}  # one batch now
+    core.step()
+    assert b.finish_reason == "length" and b.num_output_tokens == 3
+    assert [s.request_id for s in core.scheduler.running] == ["a"]  # b left
+    used = core.blocks.num_blocks - core.blocks.num_free
+    assert used == len(a.block_table) > 0
+    assert core.abort("a") and core.blocks.num_free == core.blocks.num_blocks
+    assert not core.has_unfinished() and a.finish_reason == "abort"
+    c = core.make_sequence("c", "x", p)
+    core.add(c)
+    with pytest.raises(ValueError, match="already running"):
+        core.add(core.make_sequence("c", "y", p))
+
+
+def test_async_llm_closing_a_stream_aborts_it(tiny):
+    from engine.async_llm import AsyncLLM
+    from engine.core import EngineCore
+    from engine.sampling_params import SamplingParams
+
+    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
+                      bind_threads=False)
+    llm = AsyncLLM(core)
+
+    async def run():
+        seq = llm.make_sequence("one two", SamplingParams(temperature=0, max_tokens=200,
+                                                          ignore_eos=True))
+        gen = llm.generate(seq)
+        got = [await gen.__anext__() for _ in range(3)]
+        await gen.aclose()  # the caller went away
+        short = llm.make_sequence("one two", SamplingParams(temperature=0, max_tokens=4,
+                                                            ignore_eos=True))
+        tail = [u async for u in llm.generate(short)]
+        return seq, got, tail
+
+    try:
+        seq, got, tail = asyncio.run(run())
+    finally:
+        llm.shutdown()
+    assert all(len(u.new_token_ids) == 1 for u in got)
+    assert seq.finish_reason == "abort" and seq.num_output_tokens < 200
+    assert [u.finish_reason for u in tail] == [None, None, None, "length"]
+    assert core.blocks.num_free == core.blocks.num_blocks and not core.has_unfinished()

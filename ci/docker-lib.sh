@@ -1,7 +1,7 @@
 # Shared by ci/setup-docker.sh and ci/docker-build.sh (sourced, not run).
 
-# The local stand-in for the public debian:bookworm base (made by setup-docker.sh).
-BASE_IMAGE=${VLLM_DOCKER_BASE_IMAGE:-vllm-engine/debian:bookworm}
+# The local stand-in for the public debian:bookworm-slim (made by setup-docker.sh).
+BASE_IMAGE=${VLLM_DOCKER_BASE_IMAGE:-vllm-engine/debian:bookworm-slim}
 
 # A docker client that can build with BuildKit: $DOCKER if set; else `docker`
 # when it has buildx or is older than 23 (classic BuildKit built in); else

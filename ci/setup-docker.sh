@@ -36,9 +36,9 @@ if ! "$DOCKER" info >/dev/null 2>&1; then
 fi
 
 if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-  tarball=$cache/bookworm-minbase.tar
+  tarball=$cache/bookworm-slim.tar
   if [ ! -s "$tarball" ]; then
-    echo "==> debootstrap bookworm (minbase) for $BASE_IMAGE"
+    echo "==> debootstrap bookworm (minbase, slimmed like debian:bookworm-slim) for $BASE_IMAGE"
     mkdir -p "$cache"
     rootfs=$(mktemp -d "$cache/rootfs.XXXXXX")
     trap 'rm -rf "$rootfs"' EXIT
@@ -50,7 +50,27 @@ deb http://deb.debian.org/debian bookworm main
 deb http://deb.debian.org/debian bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 EOF
-    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    # What makes the public image "slim": no docs, man pages or translations,
+    # and apt keeps no package caches in image layers.
+    cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker-slim" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-exclude /usr/share/lintian/*
+EOF
+    cat >"$rootfs/etc/apt/apt.conf.d/docker-clean" <<'EOF'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+Acquire::Languages "none";
+APT::Install-Recommends "false";
+EOF
+    find "$rootfs/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
+    rm -rf "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/usr/share/locale/*
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/lib/apt/lists/*
     tar -C "$rootfs" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
   fi
   echo "==> importing $BASE_IMAGE"

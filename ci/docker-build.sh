@@ -45,7 +45,9 @@ tag=${tag:-vllm-engine/$target:$(echo "$version" | tr '+' '-')}
 
 args=(-f "$REPO/$dockerfile" --target "$target" -t "$tag"
       --build-arg "BASE_IMAGE=$base" --build-arg "VLLM_VERSION=$version"
-      --build-arg "VLLM_GIT_COMMIT=$commit")
+      --build-arg "VLLM_GIT_COMMIT=$commit"
+      --label "org.opencontainers.image.version=$version"
+      --label "org.opencontainers.image.revision=$commit")
 # The host's bundle (the one pip is told to use) carries whatever CA this network needs.
 ca=${VLLM_DOCKER_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
 [ -n "$ca" ] && [ -s "$ca" ] && args+=(--secret "id=ca_certs,src=$ca")

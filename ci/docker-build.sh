@@ -47,7 +47,8 @@ args=(-f "$REPO/$dockerfile" --target "$target" -t "$tag"
       --build-arg "BASE_IMAGE=$base" --build-arg "VLLM_VERSION=$version"
       --build-arg "VLLM_GIT_COMMIT=$commit"
       --label "org.opencontainers.image.version=$version"
-      --label "org.opencontainers.image.revision=$commit")
+      --label "org.opencontainers.image.revision=$commit"
+      --label "org.opencontainers.image.title=vllm-engine")
 # The host's bundle (the one pip is told to use) carries whatever CA this network needs.
 ca=${VLLM_DOCKER_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
 [ -n "$ca" ] && [ -s "$ca" ] && args+=(--secret "id=ca_certs,src=$ca")
@@ -72,5 +73,7 @@ fi
 
 echo "==> building $tag ($dockerfile, target $target, base $base)"
 "${build[@]}" "${args[@]}" ${extra[@]+"${extra[@]}"} "$REPO"
+# Images this script built before under the same tag are now untagged: drop them.
+"$DOCKER" image prune -f --filter label=org.opencontainers.image.title=vllm-engine >/dev/null
 size=$("$DOCKER" image inspect --format '{{.Size}}' "$tag")
 echo "image $tag: $((size / 1000000)) MB"

@@ -76,4 +76,6 @@ EOF
   echo "==> importing $BASE_IMAGE"
   "$DOCKER" import --change 'CMD ["bash"]' "$tarball" "$BASE_IMAGE" >/dev/null
 fi
+# Bound BuildKit's cache (compiler and uv caches, old layers) on long-lived machines.
+"$DOCKER" builder prune -f --keep-storage 20gb >/dev/null 2>&1 || true
 echo "docker ready: server $("$DOCKER" version --format '{{.Server.Version}}'), base image $BASE_IMAGE"

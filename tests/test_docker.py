@@ -46,7 +46,8 @@ def daemon_missing() -> str | None:
     except subprocess.TimeoutExpired:
         return "the Docker daemon did not answer within 30 s"
     if out.returncode != 0:
-        return f"no Docker daemon reachable ({out.stderr.strip().splitlines()[-1:]}); run ci/setup-docker.sh"
+        last = (out.stderr.strip().splitlines() or ["no answer"])[-1]
+        return f"no Docker daemon reachable ({last}); run ci/setup-docker.sh"
     return None
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build one image target: ci/docker-build.sh <target> [--base IMAGE] [--tag TAG] [-- docker build args...]
+# Build one image target: ci/docker-build.sh <target> [--base IMAGE] [--tag TAG] [--index DIR] [-- docker build args...]
 #
 #   vllm-engine-openai, vllm-engine-openai-zen   docker/Dockerfile.cpu
 #   vllm-engine-openai-cuda                      docker/Dockerfile (cu130; build args after --,
@@ -10,13 +10,15 @@
 # torch ($VLLM_TORCH_FIND_LINKS or pip's find-links, as ci/lib.sh finds it) as
 # the `wheels` stage. The base defaults to the local image ci/setup-docker.sh
 # makes ($VLLM_DOCKER_BASE_IMAGE); --base debian:bookworm-slim uses the public one.
+# --index DIR: a folder wheel index, the `index` stage precompiled builds of
+# docker/Dockerfile read (-- --build-arg VLLM_USE_PRECOMPILED=1).
 # Prints the image's tag and size last.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/ci/lib.sh"
 source "$REPO/ci/docker-lib.sh"
 
-usage="usage: ci/docker-build.sh <vllm-engine-openai|vllm-engine-openai-zen|vllm-engine-openai-cuda> [--base IMAGE] [--tag TAG] [-- docker build args...]"
+usage="usage: ci/docker-build.sh <vllm-engine-openai|vllm-engine-openai-zen|vllm-engine-openai-cuda> [--base IMAGE] [--tag TAG] [--index DIR] [-- docker build args...]"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
 target=$1; shift
 case "$target" in
@@ -26,11 +28,14 @@ case "$target" in
 esac
 base=$BASE_IMAGE
 tag=""
+index=""
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) [ $# -ge 2 ] || { echo "error: --base needs an image name" >&2; exit 2; }; base=$2; shift 2 ;;
     --tag) [ $# -ge 2 ] || { echo "error: --tag needs a name" >&2; exit 2; }; tag=$2; shift 2 ;;
+    --index) [ $# -ge 2 ] && [ -d "$2" ] || { echo "error: --index needs a folder wheel index" >&2; exit 2; }
+             index=$(cd "$2" && pwd); shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "error: unknown option '$1'; $usage" >&2; exit 2 ;;
   esac
@@ -53,23 +58,27 @@ args=(-f "$REPO/$dockerfile" --target "$target" -t "$tag"
 ca=${VLLM_DOCKER_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
 [ -n "$ca" ] && [ -s "$ca" ] && args+=(--secret "id=ca_certs,src=$ca")
 
-# The folder of wheels: a named context with buildx, else a scratch image of it.
-torch_source "$variant"
-wheels=""
-if [ "${TORCH_SOURCE[0]:-}" = --find-links ]; then wheels=${TORCH_SOURCE[1]}; fi
+# Folders the Dockerfiles take as stages (`wheels`, `index`): named contexts
+# with buildx, else a scratch image of the folder passed by its build arg.
 if "$DOCKER" buildx version >/dev/null 2>&1; then
   build=("$DOCKER" buildx build --load)
-  [ -n "$wheels" ] && args+=(--build-context "wheels=$wheels")
 else
   build=("$DOCKER" build)
   export DOCKER_BUILDKIT=1
-  if [ -n "$wheels" ]; then
-    wheels_image=vllm-engine/wheels:local
-    echo "==> wheels image $wheels_image from $wheels"
-    printf 'FROM scratch\nCOPY . /\n' | "$DOCKER" build -q -t "$wheels_image" -f - "$wheels" >/dev/null
-    args+=(--build-arg "WHEELS_IMAGE=$wheels_image")
-  fi
 fi
+folder_stage() {  # <stage> <folder> <build arg>
+  if [ "${build[1]}" = buildx ]; then
+    args+=(--build-context "$1=$2")
+  else
+    local image=vllm-engine/$1:local
+    echo "==> $1 image $image from $2"
+    printf 'FROM scratch\nCOPY . /\n' | "$DOCKER" build -q -t "$image" -f - "$2" >/dev/null
+    args+=(--build-arg "$3=$image")
+  fi
+}
+torch_source "$variant"
+if [ "${TORCH_SOURCE[0]:-}" = --find-links ]; then folder_stage wheels "${TORCH_SOURCE[1]}" WHEELS_IMAGE; fi
+if [ -n "$index" ]; then folder_stage index "$index" INDEX_IMAGE; fi
 
 echo "==> building $tag ($dockerfile, target $target, base $base)"
 "${build[@]}" "${args[@]}" ${extra[@]+"${extra[@]}"} "$REPO"

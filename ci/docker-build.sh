@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build one image target: ci/docker-build.sh <target> [--base IMAGE] [--tag TAG] [--index DIR] [-- docker build args...]
+# Build one image target:
+#   ci/docker-build.sh <target> [--base IMAGE] [--tag TAG] [--index DIR] [--variant V] [-- docker build args...]
 #
 #   vllm-engine-openai, vllm-engine-openai-zen   docker/Dockerfile.cpu
 #   vllm-engine-openai-cuda                      docker/Dockerfile (cu130; build args after --,
@@ -11,14 +12,15 @@
 # the `wheels` stage. The base defaults to the local image ci/setup-docker.sh
 # makes ($VLLM_DOCKER_BASE_IMAGE); --base debian:bookworm-slim uses the public one.
 # --index DIR: a folder wheel index, the `index` stage precompiled builds of
-# docker/Dockerfile read (-- --build-arg VLLM_USE_PRECOMPILED=1).
+# docker/Dockerfile read (-- --build-arg VLLM_USE_PRECOMPILED=1). --variant V:
+# the CUDA image's variant (default cu130; cu129 works the same way).
 # Prints the image's tag and size last.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/ci/lib.sh"
 source "$REPO/ci/docker-lib.sh"
 
-usage="usage: ci/docker-build.sh <vllm-engine-openai|vllm-engine-openai-zen|vllm-engine-openai-cuda> [--base IMAGE] [--tag TAG] [--index DIR] [-- docker build args...]"
+usage="usage: ci/docker-build.sh <vllm-engine-openai|vllm-engine-openai-zen|vllm-engine-openai-cuda> [--base IMAGE] [--tag TAG] [--index DIR] [--variant V] [-- docker build args...]"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
 target=$1; shift
 case "$target" in
@@ -29,6 +31,7 @@ esac
 base=$BASE_IMAGE
 tag=""
 index=""
+variant_arg=()
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +39,9 @@ while [ $# -gt 0 ]; do
     --tag) [ $# -ge 2 ] || { echo "error: --tag needs a name" >&2; exit 2; }; tag=$2; shift 2 ;;
     --index) [ $# -ge 2 ] && [ -d "$2" ] || { echo "error: --index needs a folder wheel index" >&2; exit 2; }
              index=$(cd "$2" && pwd); shift 2 ;;
+    --variant) [ $# -ge 2 ] && [ "$dockerfile" = docker/Dockerfile ] ||
+                 { echo "error: --variant takes a variant and only applies to vllm-engine-openai-cuda" >&2; exit 2; }
+               variant=$2; variant_arg=(--build-arg "VARIANT=$2"); shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "error: unknown option '$1'; $usage" >&2; exit 2 ;;
   esac
@@ -53,7 +59,7 @@ args=(-f "$REPO/$dockerfile" --target "$target" -t "$tag"
       --build-arg "VLLM_GIT_COMMIT=$commit"
       --label "org.opencontainers.image.version=$version"
       --label "org.opencontainers.image.revision=$commit"
-      --label "org.opencontainers.image.title=vllm-engine")
+      --label "org.opencontainers.image.title=vllm-engine" ${variant_arg[@]+"${variant_arg[@]}"})
 # The host's bundle (the one pip is told to use) carries whatever CA this network needs.
 ca=${VLLM_DOCKER_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
 [ -n "$ca" ] && [ -s "$ca" ] && args+=(--secret "id=ca_certs,src=$ca")

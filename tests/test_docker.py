@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, free_port
+from helpers import REPO, free_port, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -191,3 +192,29 @@ def test_bad_kvcache_space_stops_the_container_with_one_line(image, model_dir):
     assert len(errors) == 1 and errors[0].startswith("error: VLLM_CPU_KVCACHE_SPACE='lots'"), logs
     assert "Traceback" not in logs
     assert "engine ready" not in logs and "Uvicorn running" not in logs  # before the model loads
+
+
+def test_cuda_dockerfile_precompiled_path_takes_kernels_from_the_index(image, cpu_wheel, tmp_path):
+    """docker/Dockerfile with VLLM_USE_PRECOMPILED=1: the build stage builds the
+    Python part and takes this commit's kernels from a wheel index. Stand-ins,
+    since no nvidia/cuda image is reachable here and a cu130 wheel takes longer
+    than CI allows: the cpu variant (the session's cpu wheel, published into a
+    folder index) and the local Debian base for both base images."""
+    commit = run(["git", "rev-parse", "HEAD"], cwd=REPO).stdout.strip()
+    index = tmp_path / "index"
+    run([sys.executable, "-m", "wheel_index", "publish", "--index", index, "--commit", commit,
+         cpu_wheel], cwd=REPO)
+    base = run(["bash", "-c", "source ci/docker-lib.sh && echo $BASE_IMAGE"], cwd=REPO).stdout.strip()
+    tag = "vllm-engine/vllm-engine-openai-cuda:test-precompiled"
+    build = run(["bash", REPO / "ci" / "docker-build.sh", "vllm-engine-openai-cuda", "--tag", tag,
+                 "--base", base, "--index", index, "--variant", "cpu", "--",
+                 "--build-arg", f"BUILD_BASE_IMAGE={base}", "--build-arg", "PYTHON_VERSION=3.11",
+                 "--build-arg", "VLLM_USE_PRECOMPILED=1"], check=False, timeout=3000)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    show = ("import json, engine, importlib.resources as r; "
+            "print(json.dumps(json.loads((r.files('engine') / '_precompiled.json').read_text())))")
+    out = docker("run", "--rm", "--entrypoint", "python", tag, "-c", show)
+    used = json.loads(out.stdout.strip().splitlines()[-1])
+    assert used["commit"] == commit and used["variant"] == "cpu"
+    assert used["source"].startswith(f"/index/{commit}/cpu/")
+    assert docker("run", "--rm", "--entrypoint", "id", tag, "-u").stdout.strip() != "0"

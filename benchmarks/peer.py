@@ -25,7 +25,8 @@ def peer_env(threads: str = "0-1", kv_gib: str = "1") -> dict[str, str]:
 
 def require_peer() -> Path:
     if not PEER_PYTHON.is_file():
-        raise SystemExit(f"the vLLM peer is not installed ({PEER_VENV}); run: bash ci/setup-peer.sh")
+        raise SystemExit(f"the vLLM peer is not installed ({PEER_VENV}); "
+                         "run: bash ci/setup-peer.sh")
     return PEER_PYTHON
 
 

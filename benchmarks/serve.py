@@ -181,7 +181,7 @@ def main() -> int:
             theirs = Served([str(peer_python), "-m", "vllm.entrypoints.openai.api_server",
                              "--model", model, "--served-model-name", "m", "--dtype", "float32",
                              "--max-model-len", str(MAX_POS), "--port", str(port),
-                             "--host", "127.0.0.1", "--disable-log-requests"],
+                             "--host", "127.0.0.1"],
                             env, port, Path(tmp) / "vllm.log")
             try:
                 peer = measure_served(theirs, "m", a.new, a.prompt_words)

@@ -164,7 +164,8 @@ def main() -> int:
             roof = roofline(params, itemsize, batch, machine)
             same = sum(x == y for x, y in zip(e["ids"], h["ids"]))
             print(f"{batch:>8} {te:>13.1f} {th:>19.1f} {te / th:>6.2f}x {roof:>9.0f} "
-                  f"{te / roof:>6.0%} {th / roof:>12.0%} {e['startup']:>6.1f}s/{h['startup']:>6.1f}s "
+                  f"{te / roof:>6.0%} {th / roof:>12.0%} "
+                  f"{e['startup']:>6.1f}s/{h['startup']:>6.1f}s "
                   f"{e['peak_bytes'] / 2**20:>6.0f}/{h['peak_bytes'] / 2**20:>6.0f}MB  "
                   f">= {target}x {'ok' if te / th >= target else 'MISS'}; greedy ids identical "
                   f"on {same}/{batch}")

@@ -136,12 +136,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args) -> int:
     import logging
-    import os
 
+    from engine import envs
     from engine.entrypoints.openai.serve import serve as run
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
-    args.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    args.api_key = args.api_key or envs.api_key()
     return run(args)
 
 

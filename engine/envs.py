@@ -122,3 +122,8 @@ def sysfs_root(env: Mapping[str, str] | None = None) -> str:
     """VLLM_SYSFS_ROOT: where /sys and /proc are read from (tests point it at a
     fake tree); default `/`."""
     return _env(env).get("VLLM_SYSFS_ROOT", "").strip() or "/"
+
+
+def api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """VLLM_API_KEY: the key `engine serve` requires on /v1 when --api-key is not given."""
+    return _env(env).get("VLLM_API_KEY", "").strip() or None

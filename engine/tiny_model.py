@@ -69,8 +69,10 @@ def make_tiny_model(folder: str | Path, *, seed: int = 0, vocab_size: int = 512,
               "lm_head.weight": (vocab, h)}
     for n in range(s["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        shapes.update({p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
-                       p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
+        shapes.update({p + "self_attn.q_proj.weight": (h, h),
+                       p + "self_attn.k_proj.weight": (kv, h),
+                       p + "self_attn.v_proj.weight": (kv, h),
+                       p + "self_attn.o_proj.weight": (h, h),
                        p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
                        p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
                        p + "post_attention_layernorm.weight": (h,)})

@@ -85,9 +85,10 @@ def test_bfloat16_generation(checkpoints, model_type):
     assert agree >= len(outs) - 1
 
 
-@pytest.mark.parametrize("max_num_seqs,max_num_batched_tokens", [(2, 64), (4, 64), (6, 80)])
+# prompts of 10, 3, 35, 11, 2, 12 tokens: each case's bounds bind at some step
+@pytest.mark.parametrize("max_num_seqs,max_num_batched_tokens", [(2, 48), (6, 48), (12, 64)])
 def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batched_tokens):
-    llm = make_llm(checkpoints["llama"], max_num_seqs=max_num_seqs, max_model_len=64,
+    llm = make_llm(checkpoints["llama"], max_num_seqs=max_num_seqs, max_model_len=48,
                    max_num_batched_tokens=max_num_batched_tokens)
     steps = []
     schedule = llm.scheduler.schedule
@@ -103,7 +104,7 @@ def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batch
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS * 2, p)] == \
         [o.outputs[0].token_ids for o in ref.generate(PROMPTS * 2, p)]
     assert max(n for n, _ in steps) == max_num_seqs  # the bounds were reached...
-    assert max(t for _, t in steps) > max_num_batched_tokens // 2
+    assert max(t for _, t in steps) > max_num_batched_tokens * 3 // 4
     for n, tokens in steps:  # ...and never passed
         assert n <= max_num_seqs and tokens <= max_num_batched_tokens, steps
 

@@ -20,6 +20,9 @@ from helpers import REPO, free_port
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 httpx = pytest.importorskip("httpx2", reason="httpx2 comes with openai")
 
+# real server processes (a minute or more on a busy 2-core machine)
+pytestmark = pytest.mark.slow
+
 KEY = "test-key"
 MAX_MODEL_LEN = 2048
 BLOCK = 32
@@ -40,8 +43,9 @@ class ServerProcess:
     def __init__(self, model: Path, *extra: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05",
+               "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(REPO)}
         self.log = open(model.parent / f"server-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.cli", "serve", str(model), "--port", str(self.port),
@@ -50,7 +54,8 @@ class ServerProcess:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"engine serve exited {self.proc.returncode}:\n{self.output()}")
+                raise AssertionError(
+                    f"engine serve exited {self.proc.returncode}:\n{self.output()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -234,24 +239,48 @@ def _wait_idle(server, deadline_s=120) -> dict:
     raise AssertionError("the server did not go idle")
 
 
-def test_dropped_client_frees_its_blocks(server):
+def _finished(metrics: dict) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith("vllm:request_success_total"))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_dropped_client_frees_its_blocks(server, stream):
     before = _wait_idle(server)
-    finished_before = sum(v for k, v in before.items() if k.startswith("vllm:request_success"))
-    with httpx.stream("POST", server.url + "/v1/completions", headers={
-            "Authorization": f"Bearer {KEY}"}, json={
-            "prompt": "one two three", "max_tokens": MAX_MODEL_LEN - 8, "stream": True,
-            "temperature": 0, "ignore_eos": True}, timeout=60) as r:
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(3)]  # a few tokens in: the request is running
-        assert all(g.startswith("data: ") or not g for g in got)
-        assert server.metrics()["vllm:kv_cache_usage_perc"] > 0
+    body = {"prompt": "one two three", "max_tokens": MAX_MODEL_LEN - 8, "stream": stream,
+            "temperature": 0, "ignore_eos": True}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    if stream:
+        with httpx.stream("POST", server.url + "/v1/completions", headers=auth, json=body,
+                          timeout=60) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(3)]  # a few tokens in: the request is running
+            assert all(g.startswith("data: ") or not g for g in got)
+            assert server.metrics()["vllm:kv_cache_usage_perc"] > 0
+    else:  # the client gives up waiting for the whole answer
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", headers=auth, json=body, timeout=1.5)
     # the connection is closed: the request must be aborted, not run to its end
     after = _wait_idle(server)
     assert after["vllm:kv_cache_usage_perc"] == 0
-    finished_after = sum(v for k, v in after.items() if k.startswith("vllm:request_success"))
-    assert finished_after == finished_before, "the dropped request ran to its end"
+    assert _finished(after) == _finished(before), "the dropped request ran to its end"
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < \
         MAX_MODEL_LEN // 2
+
+
+def test_engine_complete_and_chat_clients(server, capsys):
+    from engine.cli import main
+
+    url = server.url + "/v1"
+    assert main(["complete", "--url", url, "--api-key", KEY, "-q", "one two", "--max-tokens",
+                 "5"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["chat", "--url", url, "--api-key", KEY, "-q", "Hello", "--max-tokens", "5",
+                 "--model-name", "other-name"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["chat", "--url", url, "--api-key", "wrong", "-q", "Hello"]) == 2
+    assert "401" in capsys.readouterr().err
+    assert main(["complete", "--url", f"http://127.0.0.1:{free_port()}/v1", "-q", "x"]) == 2
+    assert "no server answers at" in capsys.readouterr().err
 
 
 def test_metrics_count_tokens_and_latencies(server):

@@ -13,7 +13,8 @@ import pytest
 
 from helpers import REPO
 
-transformers = pytest.importorskip("transformers", reason="a dev requirement (requirements/dev.txt)")
+transformers = pytest.importorskip("transformers",
+                                   reason="a dev requirement (requirements/dev.txt)")
 
 TEMPLATES = {
     "tiny": None,  # the tiny model's own

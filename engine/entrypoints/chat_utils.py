@@ -66,7 +66,8 @@ def _compile(template: str):
         def parse(self, parser):
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+            call = jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body)
+            return call.set_lineno(lineno)
 
         def _render(self, caller):
             return caller()

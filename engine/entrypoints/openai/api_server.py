@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -82,15 +82,16 @@ def build_app(state: ServerState) -> FastAPI:
         logger.exception("request failed")
         return error_response(500, f"internal error: {type(exc).__name__}")
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
+    def authorized(request: Request) -> None:
+        # a dependency, not a middleware: Starlette's BaseHTTPMiddleware hides a client's
+        # disconnect from the endpoint, and a disconnect must abort the request
         key = state.api_key
-        if key and request.url.path.startswith("/v1"):
+        if key:
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return error_response(401, "missing or wrong API key: send "
-                                      "'Authorization: Bearer <key>'")
-        return await call_next(request)
+                raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+
+    v1 = [Depends(authorized)]
 
     @app.get("/health")
     async def health():
@@ -102,14 +103,14 @@ def build_app(state: ServerState) -> FastAPI:
     async def metrics():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models():
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": state.created, "owned_by": "vllm-engine",
              "root": str(state.model_dir), "parent": None, "max_model_len": state.max_model_len}
             for name in state.model_names]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(body: CompletionRequest, request: Request):
         _check(state, body)
         prompts = body.prompts()
@@ -125,7 +126,7 @@ def build_app(state: ServerState) -> FastAPI:
             return _sse(_completion_stream(state, seqs, name, body, texts))
         return await _unless_disconnected(request, _completion_full(state, seqs, name, texts))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat(body: ChatCompletionRequest, request: Request):
         _check(state, body)
         if state.chat_template is None:

@@ -4,7 +4,9 @@
 a fake tree), takes one CPU per physical core of the rank's node, and keeps
 VLLM_CPU_NUM_OF_RESERVED_CPU of them free; a CPU list is checked against the
 CPUs that exist and are allowed to this process; `nobind` leaves
-OMP_NUM_THREADS in charge. The binding applied is logged once.
+OMP_NUM_THREADS in charge. The binding applied is logged once. With `auto`
+memory is also bound to the rank's node (engine.numa); where the system refuses
+(a container without CAP_SYS_NICE) one warning says so and nothing else changes.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from engine import envs
+from engine import envs, numa
 
 logger = logging.getLogger("engine")
 
@@ -23,6 +25,7 @@ logger = logging.getLogger("engine")
 class Binding:
     cpus: tuple[int, ...] | None  # None: nobind
     description: str
+    node: int | None = None  # the NUMA node to keep memory on (auto only)
 
 
 def _read(root: Path, rel: str) -> str | None:
@@ -100,20 +103,29 @@ def plan(rank: int = 0, world_size: int = 1, env: Mapping[str, str] | None = Non
                             f"{rank} on NUMA node {node} ({len(cores)} usable cores)")
     cpus = cores[: len(cores) - reserved]
     return Binding(tuple(cpus), f"rank {rank}: NUMA node {node}, one thread per physical "
-                                f"core: CPUs {cpus}" + (f", {reserved} reserved" if reserved else ""))
+                                f"core: CPUs {cpus}" + (f", {reserved} reserved" if reserved else ""),
+                   node if root == Path("/") else None)  # a fake sysfs names no real node
 
 
 _applied: Binding | None = None
+_numa_warned = False
 
 
 def apply(binding: Binding) -> None:
     """Pin this process and size torch's OpenMP pool; logs the first binding."""
     import torch
 
-    global _applied
+    global _applied, _numa_warned
     if binding.cpus is not None:
         os.sched_setaffinity(0, binding.cpus)
         torch.set_num_threads(len(binding.cpus))
+    if binding.node is not None:
+        reason = numa.bind_memory(binding.node)
+        if reason and not _numa_warned:
+            _numa_warned = True
+            logger.warning("NUMA memory binding unavailable (%s); memory is not kept on node %d, "
+                           "threads are still bound. In Docker, run with --cap-add SYS_NICE "
+                           "--security-opt seccomp=unconfined.", reason, binding.node)
     if _applied is None:
         logger.info("CPU thread binding: %s", binding.description)
     _applied = binding

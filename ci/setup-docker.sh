@@ -11,6 +11,7 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/ci/docker-lib.sh"
+source "$REPO/ci/debian-lib.sh"
 
 cache=${VLLM_DOCKER_CACHE:-/var/cache/vllm-engine/docker}
 log=${VLLM_DOCKERD_LOG:-/var/log/vllm-engine-dockerd.log}
@@ -42,14 +43,12 @@ if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     mkdir -p "$cache"
     rootfs=$(mktemp -d "$cache/rootfs.XXXXXX")
     trap 'rm -rf "$rootfs"' EXIT
-    debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 ||
+    # The mirror and sources this host's apt is set up with (the ones that reach
+    # Debian's packages from here); debootstrap's default where there are none.
+    mirror=$(host_debian_mirror)
+    debootstrap --variant=minbase bookworm "$rootfs" ${mirror:+"$mirror"} >"$cache/debootstrap.log" 2>&1 ||
       { echo "error: debootstrap failed; see $cache/debootstrap.log" >&2; tail -5 "$cache/debootstrap.log" >&2; exit 1; }
-    # The same sources the public debian:bookworm image has (updates, security).
-    cat >"$rootfs/etc/apt/sources.list" <<'EOF'
-deb http://deb.debian.org/debian bookworm main
-deb http://deb.debian.org/debian bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
-EOF
+    copy_host_apt_sources "$rootfs"
     # What makes the public image "slim": no docs, man pages or translations,
     # and apt keeps no package caches in image layers.
     cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker-slim" <<'EOF'

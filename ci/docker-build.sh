@@ -78,7 +78,7 @@ folder_stage() {  # <stage> <folder> <build arg>
   else
     local image=vllm-engine/$1:local
     echo "==> $1 image $image from $2"
-    printf 'FROM scratch\nCOPY . /\n' | "$DOCKER" build -q -t "$image" -f - "$2" >/dev/null
+    printf 'FROM scratch\nLABEL org.opencontainers.image.title=vllm-engine\nCOPY . /\n' | "$DOCKER" build -q -t "$image" -f - "$2" >/dev/null
     args+=(--build-arg "$3=$image")
   fi
 }

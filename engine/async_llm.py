@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -57,6 +58,10 @@ class AsyncLLM:
         self._stopped = False
         self.dead: BaseException | None = None
         self._ids = itertools.count()
+        # Two Python threads share the GIL: with the default 5 ms switch interval, a
+        # step's Python work can keep the HTTP side (and so a client's next token)
+        # waiting that long
+        sys.setswitchinterval(0.0005)
         self._thread = threading.Thread(target=self._loop, name="engine-core", daemon=True)
         self._thread.start()
 

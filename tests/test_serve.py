@@ -262,9 +262,8 @@ def test_dropped_client_frees_its_blocks(server, stream):
     # the connection is closed: the request must be aborted, not run to its end
     after = _wait_idle(server)
     assert after["vllm:kv_cache_usage_perc"] == 0
+    # (had it run to its end, it would be counted as finished with reason "length")
     assert _finished(after) == _finished(before), "the dropped request ran to its end"
-    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < \
-        MAX_MODEL_LEN // 2
 
 
 def test_engine_complete_and_chat_clients(server, capsys):

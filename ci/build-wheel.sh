@@ -9,8 +9,22 @@
 # Where torch comes from: see torch_source in ci/lib.sh.
 set -euo pipefail
 
+# --arch <machine>: the wheel's architecture (default: this machine's); aarch64
+# on an x86_64 host cross-compiles (ci/cross.sh), on an aarch64 host builds natively.
+arch=$(uname -m)
+positional=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --arch) [ $# -ge 2 ] || { echo "error: --arch needs a value (x86_64, aarch64)" >&2; exit 2; }
+            arch=$2; shift 2 ;;
+    --arch=*) arch=${1#--arch=}; shift ;;
+    *) positional+=("$1"); shift ;;
+  esac
+done
+set -- ${positional[@]+"${positional[@]}"}
+case $arch in x86_64|aarch64) ;; *) echo "error: unknown --arch '$arch'; valid: x86_64, aarch64" >&2; exit 2 ;; esac
 if [ $# -ne 2 ]; then
-  echo "usage: ci/build-wheel.sh <variant> <outdir>   (variants: cpu cu129 cu130 rocm700 rocm721 xpu)" >&2
+  echo "usage: ci/build-wheel.sh <variant> <outdir> [--arch x86_64|aarch64]   (variants: cpu cu129 cu130 rocm700 rocm721 xpu)" >&2
   exit 2
 fi
 variant=$1
@@ -33,12 +47,21 @@ if [ "$device" = empty ]; then
 fi
 
 venv="$repo/.venvs/build-$variant"
+CROSS_SETTINGS=()
+[ "$arch" = "$(uname -m)" ] || venv="$venv-$arch"
 if [ ! -x "$venv/bin/python" ]; then
   "$uv" venv -q --python "$host_python" "$venv"
 fi
-torch_source "$variant"
-echo "==> build requirements for $variant (requirements/build/$variant.txt)"
-"$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
+if [ "$arch" = "$(uname -m)" ]; then
+  torch_source "$variant"
+  echo "==> build requirements for $variant (requirements/build/$variant.txt)"
+  "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
+else
+  source "$repo/ci/cross.sh"
+  echo "==> build requirements for $variant on $arch, torch aside (requirements/build/common.txt)"
+  "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/common.txt"
+  cross_prepare "$arch" "$variant" "$venv"
+fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -46,7 +69,8 @@ echo "==> building $variant"
 # A CUDA build takes its generation from the torch in the build environment
 # (requirements/build/cu129.txt holds a cu129 torch), see tools/build_settings.py.
 (cd "$repo" && VLLM_TARGET_DEVICE=$device \
-  "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+  "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" \
+  ${CROSS_SETTINGS[@]+"${CROSS_SETTINGS[@]}"} .)
 
 # torch's own libraries (and the OpenMP runtime torch ships and has already
 # loaded) are provided by the torch the wheel pins: never graft copies.
@@ -62,7 +86,7 @@ mkdir -p "$outdir"
 built=("$tmp"/repaired/*.whl)
 [ ${#built[@]} -eq 1 ] || { echo "error: expected one repaired wheel, got ${#built[@]}" >&2; exit 1; }
 name=$(basename "${built[0]}")
-for old in "$outdir"/vllm_engine-*."$variant"-*.whl; do
+for old in "$outdir"/vllm_engine-*."$variant"-*_"$arch".whl; do
   [ -e "$old" ] && [ "$(basename "$old")" != "$name" ] && { echo "removing stale $old"; rm -f "$old"; }
 done
 mv -f "${built[0]}" "$outdir/$name"

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Mapping
 
-CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "generic")
+CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "neon_bf16", "neon", "generic")
 DEFAULT_KVCACHE_GIB = 4.0
 
 
@@ -34,7 +34,8 @@ def cpu_isa(env: Mapping[str, str] | None = None) -> str:
 
     `auto` (default) takes the best the processor supports; `avx2` forces the
     AVX2 path on an AVX-512 machine (the tests cover both paths this way);
-    `avx512` fails clearly where the processor lacks AVX-512.
+    `avx512` fails clearly where the processor lacks AVX-512. On AArch64:
+    `neon_bf16` (the BF16 extension, chosen by `auto` where present) or `neon`.
     """
     return _choice(_env(env), "VLLM_CPU_ISA", CPU_ISA_CHOICES, "auto")
 

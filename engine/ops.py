@@ -53,12 +53,12 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 def cpu_isa() -> str | None:
-    """The CPU code path in use (avx512, avx2, generic), or None without CPU kernels."""
+    """The CPU code path in use (avx512, avx2, neon_bf16, neon, generic), or None without CPU kernels."""
     return torch.ops._C.cpu_isa() if BUILD_INFO.device == "cpu" else None
 
 
 def select_cpu_isa(name: str) -> str:
-    """Switch the CPU code path at run time (auto, avx512, avx2); returns the one in use."""
+    """Switch the CPU code path at run time (auto, avx512, avx2, neon_bf16, neon); returns the one in use."""
     if BUILD_INFO.device != "cpu":
         raise RuntimeError(f"this is a {BUILD_INFO.variant} build; it has no CPU kernels")
     return torch.ops._C.select_cpu_isa(name)

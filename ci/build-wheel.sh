@@ -48,7 +48,11 @@ fi
 
 venv="$repo/.venvs/build-$variant"
 CROSS_SETTINGS=()
-[ "$arch" = "$(uname -m)" ] || venv="$venv-$arch"
+if [ "$arch" != "$(uname -m)" ]; then
+  source "$repo/ci/cross.sh"
+  cross_check "$arch" "$variant"
+  venv="$venv-$arch"
+fi
 if [ ! -x "$venv/bin/python" ]; then
   "$uv" venv -q --python "$host_python" "$venv"
 fi
@@ -57,7 +61,6 @@ if [ "$arch" = "$(uname -m)" ]; then
   echo "==> build requirements for $variant (requirements/build/$variant.txt)"
   "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
 else
-  source "$repo/ci/cross.sh"
   echo "==> build requirements for $variant on $arch, torch aside (requirements/build/common.txt)"
   "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/common.txt"
   cross_prepare "$arch" "$variant" "$venv"

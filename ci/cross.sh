@@ -13,10 +13,9 @@ AARCH64_CACHE=${VLLM_AARCH64_CACHE:-/var/cache/vllm-engine/aarch64}
 # headers and libraries do not depend on it, only the wheel's file name does.
 AARCH64_PYTHON_VERSION=3.11
 
-# usage: cross_prepare <arch> <variant> <venv>; sets CROSS_SETTINGS (uv build
-# arguments) and exports _PYTHON_HOST_PLATFORM (scikit-build-core's wheel tag).
-cross_prepare() {
-  local arch=$1 variant=$2 venv=$3 pin
+# usage: cross_check <arch> <variant>: exits with one line when it cannot work.
+cross_check() {
+  local arch=$1 variant=$2
   case "$(uname -m)->$arch" in
     x86_64-\>aarch64) ;;
     *) echo "error: cannot cross-build for $arch on $(uname -m); supported: aarch64 on x86_64" \
@@ -28,6 +27,12 @@ cross_prepare() {
   command -v aarch64-linux-gnu-g++ >/dev/null || {
     echo "error: aarch64-linux-gnu-g++ is not installed; run 'bash ci/setup-aarch64.sh'" \
          "(or apt-get install g++-aarch64-linux-gnu)" >&2; exit 2; }
+}
+
+# usage: cross_prepare <arch> <variant> <venv>; sets CROSS_SETTINGS (uv build
+# arguments) and exports _PYTHON_HOST_PLATFORM (scikit-build-core's wheel tag).
+cross_prepare() {
+  local arch=$1 variant=$2 venv=$3 pin
   read -r _ _ pin < <(variant_facts "$variant")
   pin=${pin%%;*}
   pin=${pin%%+*}  # PyPI's aarch64 build carries no local label

@@ -103,6 +103,7 @@ def verify(storage: Storage, log=print) -> list[str]:
         found = stat(key)
         return found[0] if found else None
 
+    arches_by_level: dict[str, set[str]] = {}
     views = []
     for top in storage.list_dirs(""):
         views.append(top)
@@ -150,11 +151,31 @@ def verify(storage: Storage, log=print) -> list[str]:
                 if digest(key) != w["sha256"]:
                     problems.append(f"{view}/metadata.json: {w['path']} missing or hash differs")
         first = view.split("/")[0]
+        if meta is not None and COMMIT_RE.fullmatch(first) and view.count("/") == 1:
+            arches_by_level[view] = {architecture(t) for w in json.loads(meta)["wheels"]
+                                     for t in w["platform_tag"].split(".")}
         if COMMIT_RE.fullmatch(first) and view.count("/") == 1:
             stored = {k[:-len(ENTRY_SUFFIX)] for k in storage.list(project_dir(view))
                       if k.endswith(ENTRY_SUFFIX)}
             for missing in sorted(stored - listed):
                 problems.append(f"{page_key}: does not list stored wheel {missing}")
+    problems += missing_architectures(arches_by_level)
     for p in problems:
         log(f"MISMATCH {p}")
     return problems
+
+
+def architecture(platform_tag: str) -> str:
+    """manylinux_2_34_aarch64 -> aarch64"""
+    return re.sub(r"^(?:(?:many|musl)linux_\d+_\d+|manylinux\d+|linux)_", "", platform_tag)
+
+
+def missing_architectures(arches_by_level: dict[str, set[str]]) -> list[str]:
+    """`<commit>/<variant>` levels lacking an architecture that other commits of
+    the variant have: that architecture's build or publish did not happen."""
+    by_variant: dict[str, set[str]] = {}
+    for level, arches in arches_by_level.items():
+        by_variant.setdefault(level.split("/")[1], set()).update(arches)
+    return [f"{level}: no {arch} wheel, which other commits of {level.split('/')[1]} have"
+            for level, arches in sorted(arches_by_level.items())
+            for arch in sorted(by_variant[level.split("/")[1]] - arches)]

@@ -1,6 +1,11 @@
 """Each compiled kernel against its torch eager reference, same inputs, same process.
 
-    python benchmarks/kernels.py [--isa auto|avx2|avx512] [--threads N]
+    python benchmarks/kernels.py [--isa auto|avx2|avx512|neon|neon_bf16] [--threads N] [--quick]
+
+Under user-mode qemu (an aarch64 build on an x86_64 host, see ci/setup-aarch64.sh)
+every ratio is marked "emulated" and no target applies: emulation says nothing
+about real ARM speed, only that the benchmark runs there. --quick shrinks the
+shapes so that an emulated run takes a minute or two.
 
 Targets on the 2-core dev machine (fp32 and bf16): rms_norm and
 fused_add_rms_norm >= 2x, silu_and_mul >= 1.5x, rotary_embedding >= 2x,
@@ -31,9 +36,17 @@ TARGETS = {"rms_norm": 2.0, "fused_add_rms_norm": 2.0, "silu_and_mul": 1.5,
            "rotary_embedding": 2.0, "paged_attention": 1.5, "reshape_and_cache": None}
 
 
-def cases(dtype):
+def emulated() -> bool:
+    """An aarch64 Python whose /proc/cpuinfo describes an x86 host: qemu-user."""
+    try:
+        return os.uname().machine == "aarch64" and "vendor_id" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+def cases(dtype, quick=False):
     g = torch.Generator().manual_seed(0)
-    tokens, hidden, inter = 256, 4096, 11008
+    tokens, hidden, inter = (32, 1024, 2816) if quick else (256, 4096, 11008)
     x = torch.randn(tokens, hidden, generator=g).to(dtype)
     w = torch.randn(hidden, generator=g).to(dtype)
     out = torch.empty_like(x)
@@ -62,8 +75,9 @@ def cases(dtype):
         lambda: ops.rotary_embedding(pos, q, k, hs, cache, True),
         lambda: reference.rotary_embedding(pos, q, k, hs, cache, True))
 
-    bs, seqs = 128, 16
-    lens = torch.randint(1024, 2049, (seqs,), generator=g, dtype=torch.int32)
+    bs, seqs = 128, 2 if quick else 16
+    lo, hi = (128, 257) if quick else (1024, 2049)
+    lens = torch.randint(lo, hi, (seqs,), generator=g, dtype=torch.int32)
     nblk = [math.ceil(int(n) / bs) for n in lens]
     total = sum(nblk)
     kc = torch.randn(total, kv, bs, hs, generator=g).to(dtype)
@@ -76,7 +90,7 @@ def cases(dtype):
         i += n
     qd = torch.randn(seqs, heads, hs, generator=g).to(dtype)
     od = torch.empty_like(qd)
-    yield "paged_attention", f"{seqs} seqs x 1-2k tok, {heads}/{kv} heads", (
+    yield "paged_attention", f"{seqs} seqs x {lo}-{hi - 1} tok, {heads}/{kv} heads", (
         lambda: ops.paged_attention(od, qd, kc, vc, tables, lens, hs ** -0.5),
         lambda: reference.paged_attention(od, qd, kc, vc, tables, lens, hs ** -0.5))
 
@@ -93,28 +107,33 @@ def main() -> int:
     p.add_argument("--isa", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
+    p.add_argument("--quick", action="store_true", help="small shapes (emulated runs)")
     args = p.parse_args()
+    emul = emulated()
     if args.threads:
         torch.set_num_threads(args.threads)
     if not engine.BUILD_INFO.has_kernels:
         sys.exit("engine has no compiled kernels; install the cpu variant first")
     isa = ops.select_cpu_isa(args.isa)
     print(f"vllm-engine {engine.__version__}  isa={isa}  torch {torch.__version__}  "
-          f"threads={torch.get_num_threads()}")
+          f"threads={torch.get_num_threads()}"
+          + ("  EMULATED (qemu): ratios say nothing about ARM speed; no targets" if emul else ""))
     print(f"{'op':<20} {'dtype':<9} {'shape':<34} {'kernel':>11} {'torch ref':>11} "
           f"{'speedup':>8} {'target':>7}")
     dtypes = {"float32": [torch.float32], "bfloat16": [torch.bfloat16],
               "both": [torch.float32, torch.bfloat16]}[args.dtype]
     missed = 0
     for dtype in dtypes:
-        for name, shape, (ours, ref) in cases(dtype):
-            t_ours, t_ref = median_time(ours), median_time(ref)
+        for name, shape, (ours, ref) in cases(dtype, args.quick):
+            reps = dict(repeat=3, min_time=0.01) if emul else {}
+            t_ours, t_ref = median_time(ours, **reps), median_time(ref, **reps)
             ratio = t_ref / t_ours
-            target = TARGETS[name]
+            target = None if emul else TARGETS[name]
             ok = "" if target is None else ("ok" if ratio >= target else "MISS")
             missed += ok == "MISS"
             print(f"{name:<20} {str(dtype)[6:]:<9} {shape:<34} {fmt_time(t_ours):>11} "
-                  f"{fmt_time(t_ref):>11} {ratio:7.2f}x {('>=' + str(target)) if target else '-':>5} {ok}")
+                  f"{fmt_time(t_ref):>11} {ratio:7.2f}x {('>=' + str(target)) if target else '-':>5} "
+                  f"{'emulated' if emul else ok}")
     print(f"{missed} target(s) missed")
     return 0
 

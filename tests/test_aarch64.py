@@ -64,7 +64,7 @@ class Aarch64:
         self.scratch = scratch  # as seen from this machine
         self.inside = Path("/") / scratch.relative_to(ROOTFS) if not NATIVE else scratch
 
-    def run(self, script: str, check=True, timeout=1800) -> subprocess.CompletedProcess:
+    def run(self, script: str, check=True, timeout=3000) -> subprocess.CompletedProcess:
         env = {"OMP_NUM_THREADS": "2", "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root",
                "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
         cmd = ["/bin/sh", "-c", f"cd {self.inside} && {script}"]
@@ -94,9 +94,11 @@ def aarch64_wheel(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def arm(aarch64_wheel, tmp_path_factory):
-    """A fresh venv on aarch64 (seeing the root file system's torch) with the
-    wheel installed by pip, and the test files copied beside it."""
+def arm_results(aarch64_wheel, request, tmp_path_factory):
+    """One pytest session on aarch64 against the installed wheel: test_ops.py
+    (every op on both ARM code paths), the greedy engine tests, and
+    tests/native/inside_aarch64.py (`engine env`, the ISA switch, precompiled
+    mode's pick). Returns {test id: (outcome, message)} from its JUnit XML."""
     reason = _chroot_missing()
     if reason:
         pytest.skip(reason)
@@ -110,21 +112,71 @@ def arm(aarch64_wheel, tmp_path_factory):
             run(["mount", "--bind", "/dev", ROOTFS / "dev"])
         scratch = ROOTFS / "tmp" / f"vllm-test-{uuid.uuid4().hex[:12]}"
         scratch.mkdir(parents=True)
-    (scratch / "tests").mkdir()
-    for name in ("test_ops.py", "test_engine.py", "helpers.py"):
-        shutil.copy(REPO / "tests" / name, scratch / "tests" / name)
-    shutil.copytree(REPO / "tools", scratch / "src" / "tools",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "wheel_index", scratch / "src" / "wheel_index",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(aarch64_wheel, scratch / aarch64_wheel.name)
-    a = Aarch64(scratch)
-    python = "/usr/bin/python3" if not NATIVE else sys.executable
-    a.run(f"{python} -m venv --system-site-packages venv && "
-          f"venv/bin/python -m pip install -q --no-deps --no-index --disable-pip-version-check "
-          f"./{aarch64_wheel.name}")
-    yield a
-    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        (scratch / "tests").mkdir()
+        for name in ("test_ops.py", "test_engine.py", "helpers.py"):
+            shutil.copy(REPO / "tests" / name, scratch / "tests" / name)
+        shutil.copy(REPO / "tests" / "native" / "inside_aarch64.py", scratch / "tests")
+        for pkg in ("tools", "wheel_index"):
+            shutil.copytree(REPO / pkg, scratch / "src" / pkg,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        if NATIVE:  # no x86_64 wheel to choose from: the aarch64 one alone
+            idx = tmp_path_factory.mktemp("index")
+            commit = _commit(aarch64_wheel)
+            _publish(idx, commit, [aarch64_wheel])
+        else:
+            idx, commit, _ = request.getfixturevalue("two_arch_index")
+        shutil.copy(idx / commit / "cpu" / "metadata.json", scratch / "metadata.json")
+        a = Aarch64(scratch)
+        python = sys.executable if NATIVE else "/usr/bin/python3"
+        # A fresh venv that sees the root file system's torch and test tools.
+        # pip under qemu costs a minute; uv installs for the aarch64 platform
+        # from outside instead, checking the wheel's tags against it.
+        a.run(f"{python} -m venv --without-pip --system-site-packages venv")
+        site = scratch / "venv" / "lib" / f"python{_aarch64_python_version()}" / "site-packages"
+        run([UV, "pip", "install", "-q", "--no-deps", "--python-platform", "aarch64-manylinux_2_28",
+             "--python-version", _aarch64_python_version(), "--target", site, aarch64_wheel])
+        proc = a.run("venv/bin/python -m pytest -q -p no:cacheprovider --junitxml=results.xml "
+                     "tests/inside_aarch64.py tests/test_ops.py "
+                     "'tests/test_engine.py::test_greedy_matches_transformers[llama]' "
+                     "'tests/test_engine.py::test_greedy_matches_transformers[qwen3]'", check=False)
+        if not (scratch / "results.xml").is_file():
+            raise AssertionError(f"pytest on aarch64 did not run:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        return _junit(scratch / "results.xml")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _aarch64_python_version() -> str:
+    if NATIVE:
+        return f"{sys.version_info[0]}.{sys.version_info[1]}"
+    out = subprocess.run(["bash", "-c", f'REPO={REPO}; source "$REPO/ci/cross.sh"; echo "$AARCH64_PYTHON_VERSION"'],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def _junit(path: Path) -> dict[str, tuple[str, str]]:
+    import xml.etree.ElementTree as ET
+
+    results = {}
+    for case in ET.parse(path).iter("testcase"):
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                outcome, message = tag, (el.get("message") or "") + "\n" + (el.text or "")[-3000:]
+                break
+        results[test_id] = outcome, message
+    return results
+
+
+def _select(results, prefix):
+    chosen = {k: v for k, v in results.items() if k.startswith(prefix)}
+    assert chosen, f"no {prefix} tests ran on aarch64; ran: {sorted(results)[:20]}"
+    bad = {k: v for k, v in chosen.items() if v[0] != "passed"}
+    assert not bad, "\n".join(f"{k}: {o}: {m}" for k, (o, m) in sorted(bad.items())[:5])
+    return chosen
 
 
 # ---- the wheel itself (no emulation needed) ---------------------------------------
@@ -135,6 +187,7 @@ def test_wheel_is_an_honest_aarch64_manylinux_wheel(aarch64_wheel):
         so = z.read("engine/_C.abi3.so")
         info = json.loads(z.read("engine/_build_info.json"))
         wheel_meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))).decode()
+        names = z.namelist()
     assert so[:4] == b"\x7fELF" and so[4] == 2  # 64-bit
     assert int.from_bytes(so[18:20], "little") == EM_AARCH64, "engine/_C.abi3.so is not AArch64"
     assert info["processor"] == "aarch64" and info["variant"] == "cpu"
@@ -142,69 +195,61 @@ def test_wheel_is_an_honest_aarch64_manylinux_wheel(aarch64_wheel):
     assert info["torch_version"].split("+")[0] == info["torch_requirement"].split("==")[1].split("+")[0]
     assert re.search(r"^Tag: cp38-abi3-manylinux_2_\d+_aarch64$", wheel_meta, re.M), wheel_meta
     # auditwheel grafted nothing: torch's libraries and libgomp come from torch
-    with zipfile.ZipFile(aarch64_wheel) as z:
-        assert not [n for n in z.namelist() if ".libs/" in n], z.namelist()
+    assert not [n for n in names if ".libs/" in n], names
 
 
 # ---- under qemu ---------------------------------------------------------------------
 
-def test_installed_wheel_runs_every_op_against_the_reference(arm):
-    # both AArch64 code paths where the (emulated) CPU has them, fp32 and bf16
-    proc = arm.run("venv/bin/python -c \"import torch; print(torch.ops._C.cpu_compiled_isas() "
-                   "if __import__('engine') else '')\"")
-    assert proc.stdout.split()[-1] == "neon_bf16,neon", proc.stdout
-    proc = arm.run("venv/bin/python -m pytest -q -p no:cacheprovider -x tests/test_ops.py -rs")
-    assert " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-3000:]
-    assert "[neon_bf16-" in proc.stdout or "neon_bf16" in arm.run(
-        "venv/bin/python -m pytest -q -p no:cacheprovider --collect-only tests/test_ops.py").stdout
+def test_every_op_on_both_arm_code_paths_matches_the_reference(arm_results):
+    ops = _select(arm_results, "tests.test_ops::")
+    for isa in ("neon_bf16", "neon"):
+        assert any(f"[{isa}-" in k for k in ops), f"no op test ran on the {isa} path"
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary", "reshape_and_cache",
+               "paged_attention"):
+        assert any(op in k for k in ops), f"no {op} test ran"
 
 
-def test_greedy_output_matches_transformers(arm):
-    proc = arm.run("venv/bin/python -m pytest -q -p no:cacheprovider -x "
-                   "'tests/test_engine.py::test_greedy_matches_transformers[llama]' "
-                   "'tests/test_engine.py::test_greedy_matches_transformers[qwen3]'")
-    assert "2 passed" in proc.stdout, proc.stdout[-3000:]
+def test_greedy_output_matches_transformers(arm_results):
+    assert len(_select(arm_results, "tests.test_engine::test_greedy_matches_transformers")) == 2
 
 
-def test_engine_env_reports_aarch64(arm):
-    proc = arm.run("venv/bin/python -m engine.env --json")
-    data = json.loads(proc.stdout)
-    assert data["processor"] == "aarch64"
-    assert data["code_paths"] == ["cpu-neon", "cpu-neon_bf16"]
-    assert data["cpu_isa_in_use"] in ("neon_bf16", "neon")
-    assert data["variant"] == "cpu" and data["extension"].startswith(str(arm.inside / "venv"))
-    proc = arm.run("VLLM_CPU_ISA=neon venv/bin/python -m engine.env --json")
-    assert json.loads(proc.stdout)["cpu_isa_in_use"] == "neon"
+def test_engine_env_and_isa_choice_on_aarch64(arm_results):
+    _select(arm_results, "tests.inside_aarch64::test_engine_env")
+    _select(arm_results, "tests.inside_aarch64::test_run_time_choice_of_the_arm_code_path")
+    _select(arm_results, "tests.inside_aarch64::test_this_is_the_installed_aarch64_wheel")
 
 
-def test_precompiled_mode_on_aarch64_picks_the_aarch64_wheel(arm, two_arch_index):
-    idx, commit, wheels = two_arch_index
-    meta = (idx / commit / "cpu" / "metadata.json").read_text()
-    (arm.scratch / "metadata.json").write_text(meta)
-    proc = arm.run("cd src && ../venv/bin/python -c \"import json; "
-                   "from tools.precompiled.select import pick_wheel; "
-                   "w, url = pick_wheel(json.load(open('../metadata.json')), 'cpu', 'IDX', 'L'); "
-                   "print(w['filename'])\"")
-    assert proc.stdout.strip() == wheels["aarch64"].name
+def test_precompiled_mode_on_aarch64_picks_the_aarch64_wheel(arm_results):
+    _select(arm_results, "tests.inside_aarch64::test_precompiled_mode_picks_the_aarch64_wheel")
 
 
 # ---- the index and uv ---------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def two_arch_index(cpu_wheel, aarch64_wheel, tmp_path_factory):
-    """Both architectures' cpu wheels of one commit, published into one folder index."""
+def _commit(wheel: Path) -> str:
+    return json.loads(zipfile.ZipFile(wheel).read("engine/_build_info.json"))["git_commit"]
+
+
+def _publish(idx: Path, commit: str, wheels: list[Path], commit_time="1000"):
     from wheel_index.publish import publish
     from wheel_index.storage import open_storage
 
-    commits = {json.loads(zipfile.ZipFile(w).read("engine/_build_info.json"))["git_commit"]
-               for w in (cpu_wheel, aarch64_wheel)}
+    publish(open_storage(str(idx)), commit, wheels, nightly=True, commit_time=commit_time,
+            log=lambda m: None)
+
+
+@pytest.fixture(scope="module")
+def two_arch_index(aarch64_wheel, request, tmp_path_factory):
+    """Both architectures' cpu wheels of one commit, published (by two
+    publishers, as two CI jobs would) into one folder index."""
+    if NATIVE:
+        pytest.skip("needs the x86_64 wheel too, which is built on x86_64 machines")
+    cpu_wheel = request.getfixturevalue("cpu_wheel")
+    commits = {_commit(w) for w in (cpu_wheel, aarch64_wheel)}
     assert len(commits) == 1, f"the two wheels come from different commits: {commits}"
     commit = commits.pop()
     idx = tmp_path_factory.mktemp("index")
-    publish(open_storage(str(idx)), commit, [cpu_wheel], nightly=True, commit_time="1000",
-            log=lambda m: None)
-    publish(open_storage(str(idx)), commit, [aarch64_wheel], nightly=True, commit_time="1000",
-            log=lambda m: None)
+    _publish(idx, commit, [cpu_wheel])
+    _publish(idx, commit, [aarch64_wheel])
     return idx, commit, {"x86_64": cpu_wheel, "aarch64": aarch64_wheel}
 
 
@@ -240,21 +285,20 @@ def test_uv_picks_the_wheel_of_the_machine(two_arch_index, machine, tmp_path):
         server.close()
 
 
-def test_verify_reports_a_level_missing_one_architecture(cpu_wheel, aarch64_wheel, tmp_path):
+def test_verify_reports_a_level_missing_one_architecture(two_arch_index, tmp_path):
     from wheel_index.maintain import verify
-    from wheel_index.publish import publish
     from wheel_index.storage import open_storage
 
-    commit = json.loads(zipfile.ZipFile(cpu_wheel).read("engine/_build_info.json"))["git_commit"]
+    _, commit, wheels = two_arch_index
     other = "f" * 40
-    storage = open_storage(str(tmp_path / "idx"))
-    publish(storage, commit, [cpu_wheel, aarch64_wheel], commit_time="1000", log=lambda m: None)
+    idx = tmp_path / "idx"
+    _publish(idx, commit, list(wheels.values()))
     # a later commit whose aarch64 job did not publish: x86_64 only (the same
-    # wheel file, renamed into that commit, stands in for its build)
-    lone = tmp_path / cpu_wheel.name
-    _rewrite_commit(cpu_wheel, lone, other)
-    publish(storage, other, [lone], commit_time="2000", log=lambda m: None)
-    problems = verify(storage, log=lambda m: None)
+    # wheel, its build info naming that commit, stands in for its build)
+    lone = tmp_path / wheels["x86_64"].name
+    _rewrite_commit(wheels["x86_64"], lone, other)
+    _publish(idx, other, [lone], commit_time="2000")
+    problems = verify(open_storage(str(idx)), log=lambda m: None)
     assert any(p.startswith(f"{other}/cpu") and "aarch64" in p for p in problems), problems
     assert not any(p.startswith(f"{commit}/cpu") for p in problems), problems
 

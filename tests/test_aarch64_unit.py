@@ -37,12 +37,16 @@ def test_architecture_of_a_platform_tag():
 
 
 def test_missing_architecture_is_named_per_level():
-    a, b, c = "a" * 40, "b" * 40, "c" * 40
-    problems = missing_architectures({f"{a}/cpu": {"x86_64", "aarch64"}, f"{b}/cpu": {"x86_64"},
-                                      f"{c}/cu130": {"x86_64"}, f"{c}/cpu": {"aarch64"}})
-    assert problems == [f"{b}/cpu: no aarch64 wheel, which other commits of cpu have",
-                        f"{c}/cpu: no x86_64 wheel, which other commits of cpu have"]
-    assert missing_architectures({f"{a}/cpu": {"x86_64"}, f"{b}/cpu": {"x86_64"}}) == []
+    a, b, c, d = "a" * 40, "b" * 40, "c" * 40, "d" * 40
+    problems = missing_architectures({
+        f"{a}/cpu": (100, {"x86_64"}),             # before aarch64 existed: fine
+        f"{b}/cpu": (200, {"x86_64", "aarch64"}),
+        f"{c}/cpu": (300, {"x86_64"}),             # its aarch64 job failed
+        f"{c}/cu130": (300, {"x86_64"}),
+        f"{d}/cpu": (400, {"aarch64"})})
+    assert problems == [f"{c}/cpu: its aarch64 wheel is missing (earlier commits of cpu have one)",
+                        f"{d}/cpu: its x86_64 wheel is missing (earlier commits of cpu have one)"]
+    assert missing_architectures({f"{a}/cpu": (1, {"x86_64"}), f"{b}/cpu": (2, {"x86_64"})}) == []
 
 
 def test_arm_isas_are_valid_choices():

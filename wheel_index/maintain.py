@@ -103,7 +103,7 @@ def verify(storage: Storage, log=print) -> list[str]:
         found = stat(key)
         return found[0] if found else None
 
-    arches_by_level: dict[str, set[str]] = {}
+    arches_by_level: dict[str, tuple[int, set[str]]] = {}
     views = []
     for top in storage.list_dirs(""):
         views.append(top)
@@ -152,8 +152,9 @@ def verify(storage: Storage, log=print) -> list[str]:
                     problems.append(f"{view}/metadata.json: {w['path']} missing or hash differs")
         first = view.split("/")[0]
         if meta is not None and COMMIT_RE.fullmatch(first) and view.count("/") == 1:
-            arches_by_level[view] = {architecture(t) for w in json.loads(meta)["wheels"]
-                                     for t in w["platform_tag"].split(".")}
+            doc = json.loads(meta)
+            arches_by_level[view] = (int(doc.get("commit_time", 0)), {
+                architecture(t) for w in doc["wheels"] for t in w["platform_tag"].split(".")})
         if COMMIT_RE.fullmatch(first) and view.count("/") == 1:
             stored = {k[:-len(ENTRY_SUFFIX)] for k in storage.list(project_dir(view))
                       if k.endswith(ENTRY_SUFFIX)}
@@ -170,12 +171,15 @@ def architecture(platform_tag: str) -> str:
     return re.sub(r"^(?:(?:many|musl)linux_\d+_\d+|manylinux\d+|linux)_", "", platform_tag)
 
 
-def missing_architectures(arches_by_level: dict[str, set[str]]) -> list[str]:
-    """`<commit>/<variant>` levels lacking an architecture that other commits of
-    the variant have: that architecture's build or publish did not happen."""
-    by_variant: dict[str, set[str]] = {}
-    for level, arches in arches_by_level.items():
-        by_variant.setdefault(level.split("/")[1], set()).update(arches)
-    return [f"{level}: no {arch} wheel, which other commits of {level.split('/')[1]} have"
-            for level, arches in sorted(arches_by_level.items())
-            for arch in sorted(by_variant[level.split("/")[1]] - arches)]
+def missing_architectures(arches_by_level: dict[str, tuple[int, set[str]]]) -> list[str]:
+    """`<commit>/<variant>` levels lacking an architecture that an earlier commit
+    of the variant has (by commit time): that architecture's build or publish did
+    not happen. Commits from before an architecture was added are not reported."""
+    problems, seen = [], {}  # variant -> architectures of earlier commits
+    for level, (_, arches) in sorted(arches_by_level.items(), key=lambda kv: (kv[1][0], kv[0])):
+        variant = level.split("/")[1]
+        earlier = seen.setdefault(variant, set())
+        problems += [f"{level}: its {arch} wheel is missing (earlier commits of {variant} have one)"
+                     for arch in sorted(earlier - arches)]
+        earlier |= arches
+    return problems

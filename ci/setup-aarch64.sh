@@ -89,15 +89,14 @@ if [ "$(cat "$rootfs/.vllm-packages" 2>/dev/null)" != "$stamp" ]; then
   printf '%s' "$stamp" >"$rootfs/.vllm-packages"
 fi
 
-# 5. what chroot'ed programs need from the kernel (mounted on every call: they
-#    do not survive a reboot)
-mountpoint -q "$rootfs/proc" || mount -t proc proc "$rootfs/proc"
-mountpoint -q "$rootfs/dev" || mount --bind /dev "$rootfs/dev"
-mkdir -p "$rootfs/tmp"
-chmod 1777 "$rootfs/tmp"
+# 5. mounts and the description of the emulated CPU (see ci/aarch64-mounts.sh)
+bash "$REPO/ci/aarch64-mounts.sh"
 
 # 6. the check: aarch64 Python imports torch under qemu
 say "checking: import torch under qemu"
 chroot "$rootfs" /usr/bin/python3 -c \
-  'import platform, torch; print("aarch64 ready:", platform.machine(), "python", platform.python_version(), "torch", torch.__version__)'
+  'import platform, torch; x = torch.randn(8, 64); w = torch.randn(32, 64)
+err = (x @ w.T - (x.double() @ w.double().T).float()).abs().max().item()
+assert err < 1e-4, f"torch matmul is wrong under qemu (max error {err}): check ci/aarch64-mounts.sh"
+print("aarch64 ready:", platform.machine(), "python", platform.python_version(), "torch", torch.__version__)'
 say "done"

@@ -53,10 +53,6 @@ def _chroot_missing() -> str | None:
     return None
 
 
-def _mounted(path: Path) -> bool:
-    return subprocess.run(["mountpoint", "-q", str(path)]).returncode == 0
-
-
 class Aarch64:
     """Run commands on aarch64: in the chroot under qemu, or natively."""
 
@@ -105,11 +101,7 @@ def arm_results(aarch64_wheel, request, tmp_path_factory):
     if NATIVE:
         scratch = tmp_path_factory.mktemp("aarch64")
     else:
-        # what ci/setup-aarch64.sh mounts; gone after a reboot
-        if not _mounted(ROOTFS / "proc"):
-            run(["mount", "-t", "proc", "proc", ROOTFS / "proc"])
-        if not _mounted(ROOTFS / "dev"):
-            run(["mount", "--bind", "/dev", ROOTFS / "dev"])
+        run(["bash", REPO / "ci" / "aarch64-mounts.sh"])  # gone after a reboot
         scratch = ROOTFS / "tmp" / f"vllm-test-{uuid.uuid4().hex[:12]}"
         scratch.mkdir(parents=True)
     try:

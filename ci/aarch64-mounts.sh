@@ -18,6 +18,9 @@ rootfs=$AARCH64_CACHE/rootfs
 mountpoint -q "$rootfs/proc" || mount -t proc proc "$rootfs/proc"
 mountpoint -q "$rootfs/dev" || mount --bind /dev "$rootfs/dev"
 mkdir -p "$rootfs/tmp" && chmod 1777 "$rootfs/tmp"
+# benchmarks/kernels.py marks its ratios as emulated when it finds this
+mkdir -p "$rootfs/etc/vllm-engine"
+echo "qemu-user on $(uname -m) (ci/aarch64-mounts.sh)" >"$rootfs/etc/vllm-engine/emulated"
 
 cpus=2
 features="fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 asimddp sha512 asimdfhm dit uscat ilrcpc flagm ssbs sb dcpodp flagm2 frint i8mm bf16"

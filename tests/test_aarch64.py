@@ -65,7 +65,7 @@ class Aarch64:
                "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
         cmd = ["/bin/sh", "-c", f"cd {self.inside} && {script}"]
         if not NATIVE:
-            cmd = ["chroot", str(ROOTFS), *cmd]
+            cmd = [shutil.which("chroot") or "/usr/sbin/chroot", str(ROOTFS), *cmd]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"aarch64 command failed ({proc.returncode}): {script}\n"

@@ -13,6 +13,8 @@ from engine import envs
 from tools.precompiled import select
 from wheel_index.maintain import architecture, missing_architectures
 
+pytestmark = pytest.mark.aarch64
+
 WHEELS = {"wheels": [
     {"variant": "cpu", "python_tag": "cp38", "abi_tag": "abi3", "filename": f"x-{arch}.whl",
      "path": f"vllm-engine/x-{arch}.whl", "platform_tag": f"manylinux_2_34_{arch}"}

@@ -9,11 +9,25 @@
 # Where torch comes from: see torch_source in ci/lib.sh.
 set -euo pipefail
 
+# --arch <machine>: the wheel's architecture (default: this machine's); aarch64
+# on an x86_64 host cross-compiles (ci/cross.sh), on an aarch64 host builds natively.
+arch=$(uname -m)
+positional=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --arch) [ $# -ge 2 ] || { echo "error: --arch needs a value (x86_64, aarch64)" >&2; exit 2; }
+            arch=$2; shift 2 ;;
+    --arch=*) arch=${1#--arch=}; shift ;;
+    *) positional+=("$1"); shift ;;
+  esac
+done
+set -- ${positional[@]+"${positional[@]}"}
+case $arch in x86_64|aarch64) ;; *) echo "error: unknown --arch '$arch'; valid: x86_64, aarch64" >&2; exit 2 ;; esac
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REPO=$repo
 source "$repo/ci/lib.sh"
 if [ $# -ne 2 ]; then
-  echo "usage: ci/build-wheel.sh <variant> <outdir>   (variants: $(cd "$repo" && "$PYTHON" -m tools.variants --built | xargs))" >&2
+  echo "usage: ci/build-wheel.sh <variant> <outdir> [--arch x86_64|aarch64]   (variants: $(cd "$repo" && "$PYTHON" -m tools.variants --built | xargs))" >&2
   exit 2
 fi
 variant=$1
@@ -47,43 +61,61 @@ if [ "$device" = empty ]; then
 fi
 
 venv="$repo/.venvs/build-$variant"
+CROSS_SETTINGS=()
+if [ "$arch" != "$(uname -m)" ]; then
+  source "$repo/ci/cross.sh"
+  cross_check "$arch" "$variant"
+  venv="$venv-$arch"
+fi
 if [ ! -x "$venv/bin/python" ]; then
   "$uv" venv -q --python "$host_python" "$venv"
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-# Kernel reuse: when the index named by VLLM_WHEEL_INDEX holds a wheel of this
-# variant whose kernel fingerprint equals this checkout's (nothing that decides
-# the compiled files changed), this commit's wheel is made from its kernels
-# through precompiled mode; its _precompiled.json says where they came from.
-reuse=""
-if [ -n "${VLLM_WHEEL_INDEX:-}" ]; then
-  echo "==> looking in $VLLM_WHEEL_INDEX for $variant kernels with this checkout's fingerprint"
-  reuse=$(cd "$repo" && "$host_python" -m tools.kernel_reuse find --variant "$variant" --index "$VLLM_WHEEL_INDEX")
-fi
-if [ -n "$reuse" ]; then
-  echo "==> reusing kernels from $reuse (no compile)"
-  "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/precompiled.txt"
-  # Precompiled mode writes the kernels into engine/; take them out again
-  # unless they were there before (they would shadow a development install).
-  leftovers=()
-  for f in "$repo"/engine/_C.abi3.so "$repo"/engine/_build_info.json "$repo"/engine/_precompiled.json; do
-    [ -e "$f" ] || leftovers+=("$f")
-  done
-  trap 'rm -rf "$tmp"; rm -f ${leftovers[@]+"${leftovers[@]}"}' EXIT
-  (cd "$repo" && VLLM_TARGET_DEVICE=$device VLLM_USE_PRECOMPILED=1 \
-    VLLM_PRECOMPILED_WHEEL_VARIANT=$variant VLLM_PRECOMPILED_WHEEL_LOCATION=$reuse \
-    "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
-else
-  torch_source "$variant"
-  echo "==> build requirements for $variant (requirements/build/$variant.txt)"
-  "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
-  echo "==> building $variant"
-  # A CUDA build takes its generation from the torch in the build environment
-  # (requirements/build/cu129.txt holds a cu129 torch), see tools/build_settings.py.
+if [ "$arch" != "$(uname -m)" ]; then
+  echo "==> build requirements for $variant on $arch, torch aside (requirements/build/common.txt)"
+  "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/common.txt"
+  cross_prepare "$arch" "$variant" "$venv"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  echo "==> building $variant for $arch"
   (cd "$repo" && VLLM_TARGET_DEVICE=$device \
-    "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+    "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" \
+    ${CROSS_SETTINGS[@]+"${CROSS_SETTINGS[@]}"} .)
+else
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+
+  # Kernel reuse: when the index named by VLLM_WHEEL_INDEX holds a wheel of this
+  # variant whose kernel fingerprint equals this checkout's (nothing that decides
+  # the compiled files changed), this commit's wheel is made from its kernels
+  # through precompiled mode; its _precompiled.json says where they came from.
+  reuse=""
+  if [ -n "${VLLM_WHEEL_INDEX:-}" ]; then
+    echo "==> looking in $VLLM_WHEEL_INDEX for $variant kernels with this checkout's fingerprint"
+    reuse=$(cd "$repo" && "$host_python" -m tools.kernel_reuse find --variant "$variant" --index "$VLLM_WHEEL_INDEX")
+  fi
+  if [ -n "$reuse" ]; then
+    echo "==> reusing kernels from $reuse (no compile)"
+    "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/precompiled.txt"
+    # Precompiled mode writes the kernels into engine/; take them out again
+    # unless they were there before (they would shadow a development install).
+    leftovers=()
+    for f in "$repo"/engine/_C.abi3.so "$repo"/engine/_build_info.json "$repo"/engine/_precompiled.json; do
+      [ -e "$f" ] || leftovers+=("$f")
+    done
+    trap 'rm -rf "$tmp"; rm -f ${leftovers[@]+"${leftovers[@]}"}' EXIT
+    (cd "$repo" && VLLM_TARGET_DEVICE=$device VLLM_USE_PRECOMPILED=1 \
+      VLLM_PRECOMPILED_WHEEL_VARIANT=$variant VLLM_PRECOMPILED_WHEEL_LOCATION=$reuse \
+      "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+  else
+    torch_source "$variant"
+    echo "==> build requirements for $variant (requirements/build/$variant.txt)"
+    "$uv" pip install -q --python "$venv/bin/python" -r "$repo/requirements/build/$variant.txt" ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"}
+    echo "==> building $variant"
+    # A CUDA build takes its generation from the torch in the build environment
+    # (requirements/build/cu129.txt holds a cu129 torch), see tools/build_settings.py.
+    (cd "$repo" && VLLM_TARGET_DEVICE=$device \
+      "$uv" build -q --wheel --no-build-isolation --python "$venv/bin/python" --out-dir "$tmp/raw" .)
+  fi
 fi
 
 # torch's own libraries (and the OpenMP runtime torch ships and has already
@@ -100,7 +132,7 @@ mkdir -p "$outdir"
 built=("$tmp"/repaired/*.whl)
 [ ${#built[@]} -eq 1 ] || { echo "error: expected one repaired wheel, got ${#built[@]}" >&2; exit 1; }
 name=$(basename "${built[0]}")
-for old in "$outdir"/vllm_engine-*."$variant"-*.whl; do
+for old in "$outdir"/vllm_engine-*."$variant"-*_"$arch".whl; do
   [ -e "$old" ] && [ "$(basename "$old")" != "$name" ] && { echo "removing stale $old"; rm -f "$old"; }
 done
 mv -f "${built[0]}" "$outdir/$name"

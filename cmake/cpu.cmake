@@ -1,7 +1,10 @@
 # CPU kernels. On x86-64, csrc/cpu/kernels_impl.cpp is compiled once for AVX2
 # and once for AVX-512 and the library picks at run time (csrc/cpu/isa.cpp);
-# elsewhere it is compiled once for the baseline ISA ("generic").
-find_package(Torch REQUIRED)
+# on AArch64 csrc/cpu/arm/kernels_neon.cpp is compiled for NEON and NEON+BF16;
+# elsewhere kernels_impl.cpp is compiled once for the baseline ISA ("generic").
+if(NOT TARGET torch)  # a cross build has it already (cmake/torch_root.cmake)
+  find_package(Torch REQUIRED)
+endif()
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 
 option(VLLM_CPU_DISABLE_AVX512 "leave the AVX-512 code path out" OFF)
@@ -13,6 +16,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_L
   message(FATAL_ERROR "vllm-engine: CPU builds need GCC >= 12 (found ${CMAKE_CXX_COMPILER_VERSION})")
 endif()
 
+set(_kernel_src csrc/cpu/kernels_impl.cpp)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   set(_isas avx2)
   set(_flags_avx2 -mavx2 -mfma -mf16c)
@@ -21,6 +25,14 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
     set(_flags_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
                       -mprefer-vector-width=512)
   endif()
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+  include(cmake/cpu_arm.cmake)
+  set(_isas ${VLLM_ARM_ISAS})
+  set(_kernel_src ${VLLM_ARM_KERNEL_SRC})
+  foreach(_isa IN LISTS _isas)
+    set(_flags_${_isa} ${VLLM_ARM_FLAGS_${_isa}})
+  endforeach()
+  target_sources(_C PRIVATE csrc/cpu/arm/glibc_compat.c)
 else()
   set(_isas generic)
   set(_flags_generic "")
@@ -29,7 +41,7 @@ endif()
 foreach(_isa IN LISTS _isas)
   # Kernels include no torch header: they must not share inline code with the
   # baseline-compiled glue (see csrc/cpu/kernels.h).
-  add_library(_kernels_${_isa} OBJECT csrc/cpu/kernels_impl.cpp)
+  add_library(_kernels_${_isa} OBJECT ${_kernel_src})
   target_compile_definitions(_kernels_${_isa} PRIVATE ENGINE_ISA=${_isa})
   target_compile_options(_kernels_${_isa} PRIVATE -O3 -fno-math-errno -fno-trapping-math
                                                    ${_flags_${_isa}} ${OpenMP_CXX_FLAGS})

@@ -20,10 +20,14 @@ from engine import envs
 ISA_FLAGS: dict[str, frozenset[str]] = {
     "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
     "avx2": frozenset({"avx2", "fma"}),
+    "neon_bf16": frozenset({"bf16"}),   # AArch64 BF16 extension (FEAT_BF16)
+    "neon": frozenset(),                # Advanced SIMD is part of every ARMv8-A CPU
     "generic": frozenset(),
 }
+X86_ISAS = ("avx512", "avx2")
+ARM_ISAS = ("neon_bf16", "neon")
 # Best first: `auto` takes the first one that is compiled in and usable.
-ISA_ORDER = ("avx512", "avx2", "generic")
+ISA_ORDER = ("avx512", "avx2", "neon_bf16", "neon", "generic")
 
 # Flags above each cap level: removed from the probe when VLLM_CPU_MAX_ISA caps it.
 _ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ne_convert", "avx_ifma", "avx10")
@@ -39,9 +43,9 @@ class CpuFeatures:
     def supports(self, isa: str) -> bool:
         if isa == "generic":
             return True
-        if self.arch not in ("x86_64", "AMD64"):
-            return False
-        return ISA_FLAGS[isa] <= self.flags
+        family = X86_ISAS if self.arch in ("x86_64", "AMD64") else (
+            ARM_ISAS if self.arch in ("aarch64", "arm64") else ())
+        return isa in family and ISA_FLAGS[isa] <= self.flags
 
     def usable_isas(self) -> list[str]:
         return [isa for isa in ISA_ORDER if self.supports(isa)]

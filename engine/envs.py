@@ -10,7 +10,7 @@ import os
 import re
 from typing import Mapping
 
-CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "generic")
+CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "neon_bf16", "neon", "generic")
 CPU_MAX_ISA_CHOICES = ("avx2", "generic")
 DEFAULT_KVCACHE_GIB = 4.0
 
@@ -36,7 +36,8 @@ def cpu_isa(env: Mapping[str, str] | None = None) -> str:
     `auto` (default) takes the best one that is compiled in and that the
     processor runs; `avx512` (x86 with AVX-512 F/BW/VL/DQ), `avx2` (x86 with
     AVX2+FMA; forces that path on an AVX-512 machine, as the tests do) and
-    `generic` (the portable path of non-x86 builds) insist on one path and fail
+    `neon_bf16` / `neon` (AArch64 with / without the BF16
+    extension), `generic` (the portable path of other builds) insist on one path and fail
     with one line where it is not compiled in or the processor lacks it.
     """
     return _choice(_env(env), "VLLM_CPU_ISA", CPU_ISA_CHOICES, "auto")

@@ -58,7 +58,7 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 def cpu_isa() -> str | None:
-    """The CPU code path in use (avx512, avx2, generic), or None without CPU kernels."""
+    """The CPU code path in use (avx512, avx2, neon_bf16, neon, generic), or None without CPU kernels."""
     return torch.ops._C.cpu_isa() if BUILD_INFO.device == "cpu" else None
 
 
@@ -70,7 +70,8 @@ def compiled_cpu_isas() -> list[str]:
 
 
 def select_cpu_isa(name: str) -> str:
-    """Switch the CPU code path at run time (auto, avx512, avx2, generic); returns the
+    """Switch the CPU code path at run time (auto, avx512, avx2, neon_bf16,
+    neon, generic); returns the
     one in use. Raises engine.cpu_features.CpuIsaError (one line) where `name` is
     not compiled in or this CPU (as VLLM_CPU_MAX_ISA caps it) cannot run it."""
     from engine import cpu_features

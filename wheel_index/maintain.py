@@ -131,6 +131,7 @@ def verify(storage: Storage, log=print, full: bool = False) -> list[str]:
             problems.append(f"{where}: {exc}")
             return None
 
+    arches_by_level: dict[str, tuple[int, set[str]]] = {}
     views = []
     for top in storage.list_dirs(""):
         views.append(top)
@@ -200,11 +201,35 @@ def verify(storage: Storage, log=print, full: bool = False) -> list[str]:
                 elif full and digest(key) != w["sha256"]:
                     problems.append(f"{view}/metadata.json: {w['path']} hash differs")
         first = view.split("/")[0]
+        if meta is not None and COMMIT_RE.fullmatch(first) and view.count("/") == 1:
+            doc = json.loads(meta)
+            arches_by_level[view] = (int(doc.get("commit_time", 0)), {
+                architecture(t) for w in doc["wheels"] for t in w["platform_tag"].split(".")})
         if COMMIT_RE.fullmatch(first) and view.count("/") == 1:
             stored = {k[:-len(ENTRY_SUFFIX)] for k in storage.list(proj)
                       if k.endswith(ENTRY_SUFFIX)}
             for missing in sorted(stored - listed):
                 problems.append(f"{page_key}: does not list stored wheel {missing}")
+    problems += missing_architectures(arches_by_level)
     for p in problems:
         log(f"MISMATCH {p}")
+    return problems
+
+
+def architecture(platform_tag: str) -> str:
+    """manylinux_2_34_aarch64 -> aarch64"""
+    return re.sub(r"^(?:(?:many|musl)linux_\d+_\d+|manylinux\d+|linux)_", "", platform_tag)
+
+
+def missing_architectures(arches_by_level: dict[str, tuple[int, set[str]]]) -> list[str]:
+    """`<commit>/<variant>` levels lacking an architecture that an earlier commit
+    of the variant has (by commit time): that architecture's build or publish did
+    not happen. Commits from before an architecture was added are not reported."""
+    problems, seen = [], {}  # variant -> architectures of earlier commits
+    for level, (_, arches) in sorted(arches_by_level.items(), key=lambda kv: (kv[1][0], kv[0])):
+        variant = level.split("/")[1]
+        earlier = seen.setdefault(variant, set())
+        problems += [f"{level}: its {arch} wheel is missing (earlier commits of {variant} have one)"
+                     for arch in sorted(earlier - arches)]
+        earlier |= arches
     return problems

@@ -8,6 +8,11 @@
 #include "../ops.h"
 #include "dispatch.h"
 #include "kernels.h"
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+
+#include "arm/kernels_arm.h"
+#endif
 
 namespace engine {
 namespace cpu {
@@ -23,6 +28,16 @@ bool cpu_has_avx512() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+#endif
+
+#if defined(__aarch64__)
+// The kernel asks the CPU (ID_AA64ISAR1_EL1.BF16) and reports it in HWCAP2.
+bool cpu_has_bf16() {
+#ifndef HWCAP2_BF16
+#define HWCAP2_BF16 (1 << 14)
+#endif
+  return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
 }
 #endif
 
@@ -43,6 +58,17 @@ const engine_cpu::KernelTable* table_for(const std::string& name) {
     return engine_cpu::kernels_avx2();
   }
 #endif
+#ifdef ENGINE_HAS_NEON_BF16
+  if (name == "neon_bf16") {
+    TORCH_CHECK(cpu_has_bf16(),
+                "the neon_bf16 kernels were requested but this processor lacks the BF16 "
+                "extension; unset VLLM_CPU_ISA or set it to neon");
+    return engine_cpu::kernels_neon_bf16();
+  }
+#endif
+#ifdef ENGINE_HAS_NEON
+  if (name == "neon") return engine_cpu::kernels_neon();
+#endif
 #ifdef ENGINE_HAS_GENERIC
   if (name == "generic") return engine_cpu::kernels_generic();
 #endif
@@ -54,8 +80,13 @@ const engine_cpu::KernelTable* auto_table() {
 #ifdef ENGINE_HAS_AVX512
   if (cpu_has_avx512()) return engine_cpu::kernels_avx512();
 #endif
+#ifdef ENGINE_HAS_NEON_BF16
+  if (cpu_has_bf16()) return engine_cpu::kernels_neon_bf16();
+#endif
 #ifdef ENGINE_HAS_AVX2
   return table_for("avx2");
+#elif defined(ENGINE_HAS_NEON)
+  return engine_cpu::kernels_neon();
 #elif defined(ENGINE_HAS_GENERIC)
   return engine_cpu::kernels_generic();
 #else
@@ -92,6 +123,12 @@ std::string compiled_isas() {
 #endif
 #ifdef ENGINE_HAS_AVX2
   add("avx2");
+#endif
+#ifdef ENGINE_HAS_NEON_BF16
+  add("neon_bf16");
+#endif
+#ifdef ENGINE_HAS_NEON
+  add("neon");
 #endif
 #ifdef ENGINE_HAS_GENERIC
   add("generic");

@@ -1,0 +1,306 @@
+// Every op of every compiled kernel table against a double-precision reference,
+// in float32 and bfloat16, without torch: the kernel files include no torch
+// header, so this driver links them directly (tests/test_aarch64_native.py
+// cross-compiles it and runs it under qemu in seconds).
+//
+// usage: kernel_check [isa...]   (default: every table this CPU can run)
+// Exit status 0 when every case is within tolerance, 1 otherwise.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "cpu/kernels.h"
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+
+#include "cpu/arm/kernels_arm.h"
+#endif
+
+using engine_cpu::DType;
+using engine_cpu::KernelTable;
+
+namespace {
+
+uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+float uniform(float lo, float hi) {  // xorshift64*
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  uint64_t r = rng_state * 2685821657736338717ull;
+  return lo + (hi - lo) * static_cast<float>(r >> 40) / static_cast<float>(1 << 24);
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// A tensor kept as float values that are exactly representable in its dtype,
+// with its storage (float or bf16 bits) for the kernel.
+struct Buf {
+  DType dt;
+  std::vector<float> v;
+  std::vector<uint16_t> h;
+  Buf(DType d, size_t n, float lo = -1.f, float hi = 1.f) : dt(d), v(n), h(n) {
+    for (size_t i = 0; i < n; ++i) set(i, uniform(lo, hi));
+  }
+  void set(size_t i, float x) {
+    h[i] = to_bf16(x);
+    v[i] = dt == DType::kBFloat16 ? from_bf16(h[i]) : x;
+  }
+  void* data() { return dt == DType::kFloat32 ? static_cast<void*>(v.data()) : h.data(); }
+  float at(size_t i) const { return dt == DType::kFloat32 ? v[i] : from_bf16(h[i]); }
+  float round(double x) const { return dt == DType::kFloat32 ? static_cast<float>(x) : from_bf16(to_bf16(static_cast<float>(x))); }
+};
+
+int failures = 0, cases = 0;
+
+void check(const char* isa, const char* op, DType dt, const std::string& what, const Buf& got,
+           const std::vector<double>& want, double tol_scale = 1.0) {
+  const double tol = (dt == DType::kFloat32 ? 2e-5 : 1.6e-2) * tol_scale;
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double err = fabs(got.at(i) - want[i]) / (tol + tol * fabs(want[i]));
+    if (!(err <= worst)) { worst = err; at = i; }  // NaN counts as worst
+  }
+  ++cases;
+  const bool ok = worst <= 1.0;
+  if (!ok) ++failures;
+  printf("%-4s %-9s %-18s %-4s %-28s err/tol %.3f%s\n", ok ? "ok" : "FAIL", isa, op,
+         dt == DType::kFloat32 ? "fp32" : "bf16", what.c_str(), worst,
+         ok ? "" : (" at " + std::to_string(at) + ": got " + std::to_string(got.at(at)) +
+                    " want " + std::to_string(want[at])).c_str());
+}
+
+void rms_norm(const char* isa, const KernelTable& k, DType dt, int64_t rows, int64_t hidden) {
+  Buf in(dt, rows * hidden, -2, 2), w(dt, hidden, 0.5, 1.5), out(dt, rows * hidden);
+  k.rms_norm(dt, out.data(), in.data(), w.data(), rows, hidden, hidden, hidden, 1e-6f);
+  std::vector<double> want(rows * hidden);
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (int64_t i = 0; i < hidden; ++i) acc += double(in.v[r * hidden + i]) * in.v[r * hidden + i];
+    double inv = 1.0 / sqrt(acc / hidden + 1e-6);
+    for (int64_t i = 0; i < hidden; ++i) want[r * hidden + i] = in.v[r * hidden + i] * inv * w.v[i];
+  }
+  check(isa, "rms_norm", dt, std::to_string(rows) + "x" + std::to_string(hidden), out, want);
+}
+
+void fused_add_rms_norm(const char* isa, const KernelTable& k, DType dt, int64_t rows, int64_t hidden) {
+  Buf in(dt, rows * hidden, -2, 2), res(dt, rows * hidden, -2, 2), w(dt, hidden, 0.5, 1.5);
+  Buf in0 = in, res0 = res;
+  k.fused_add_rms_norm(dt, in.data(), res.data(), w.data(), rows, hidden, hidden, hidden, 1e-6f);
+  std::vector<double> want_out(rows * hidden), want_res(rows * hidden);
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (int64_t i = 0; i < hidden; ++i) {
+      // the residual is rounded to the dtype, then normalized as stored
+      double s = res0.round(double(in0.v[r * hidden + i]) + res0.v[r * hidden + i]);
+      want_res[r * hidden + i] = s;
+      acc += s * s;
+    }
+    double inv = 1.0 / sqrt(acc / hidden + 1e-6);
+    for (int64_t i = 0; i < hidden; ++i) want_out[r * hidden + i] = want_res[r * hidden + i] * inv * w.v[i];
+  }
+  std::string what = std::to_string(rows) + "x" + std::to_string(hidden);
+  check(isa, "fused_add_rms_norm", dt, what + " out", in, want_out);
+  check(isa, "fused_add_rms_norm", dt, what + " residual", res, want_res);
+}
+
+void silu_and_mul(const char* isa, const KernelTable& k, DType dt, int64_t rows, int64_t d) {
+  Buf in(dt, rows * 2 * d, -8, 8), out(dt, rows * d);
+  in.set(0, -100.f);  // far tail of exp
+  k.silu_and_mul(dt, out.data(), in.data(), rows, d, 2 * d, d);
+  std::vector<double> want(rows * d);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < d; ++i) {
+      double a = in.v[r * 2 * d + i], b = in.v[r * 2 * d + d + i];
+      want[r * d + i] = a / (1.0 + exp(-a)) * b;
+    }
+  check(isa, "silu_and_mul", dt, std::to_string(rows) + "x" + std::to_string(d), out, want);
+}
+
+void rotary(const char* isa, const KernelTable& k, DType dt, int64_t tokens, int64_t heads,
+            int64_t head_size, int64_t rot_dim, bool neox) {
+  const int64_t max_pos = 64, half = rot_dim / 2;
+  Buf x(dt, tokens * heads * head_size, -2, 2), cache(dt, max_pos * rot_dim);
+  for (int64_t p = 0; p < max_pos; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      double theta = p * pow(10000.0, -2.0 * i / rot_dim);
+      cache.set(p * rot_dim + i, static_cast<float>(cos(theta)));
+      cache.set(p * rot_dim + half + i, static_cast<float>(sin(theta)));
+    }
+  std::vector<int64_t> pos(tokens);
+  for (int64_t t = 0; t < tokens; ++t) pos[t] = (t * 7 + 3) % max_pos;
+  Buf x0 = x;
+  k.rotary_embedding(dt, pos.data(), x.data(), cache.data(), tokens, heads, heads * head_size,
+                     head_size, rot_dim, rot_dim, neox);
+  std::vector<double> want(x0.v.begin(), x0.v.end());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = (t * heads + h) * head_size;
+      for (int64_t i = 0; i < half; ++i) {
+        double c = cache.v[pos[t] * rot_dim + i], s = cache.v[pos[t] * rot_dim + half + i];
+        int64_t i1 = neox ? i : 2 * i, i2 = neox ? i + half : 2 * i + 1;
+        double x1 = x0.v[base + i1], x2 = x0.v[base + i2];
+        want[base + i1] = x1 * c - x2 * s;
+        want[base + i2] = x2 * c + x1 * s;
+      }
+    }
+  check(isa, "rotary_embedding", dt,
+        std::string(neox ? "neox " : "gptj ") + std::to_string(tokens) + "t " + std::to_string(heads) +
+            "h " + std::to_string(head_size) + "/" + std::to_string(rot_dim),
+        x, want);
+}
+
+void reshape_and_cache(const char* isa, const KernelTable& k, DType dt, int64_t tokens,
+                       int64_t kv_heads, int64_t head_size, int64_t block_size) {
+  const int64_t blocks = (tokens + block_size - 1) / block_size + 2;
+  const int64_t cache_n = blocks * kv_heads * block_size * head_size;
+  Buf key(dt, tokens * kv_heads * head_size), value(dt, tokens * kv_heads * head_size);
+  Buf kc(dt, cache_n), vc(dt, cache_n);
+  Buf kc0 = kc, vc0 = vc;
+  std::vector<int64_t> slots(tokens);
+  for (int64_t t = 0; t < tokens; ++t)
+    slots[t] = (t % 5 == 4) ? -1 : (blocks * block_size - 1 - t * 3 % (blocks * block_size));
+  // keep slots distinct: a reversed walk with stride 3 can collide, so dedupe
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t u = 0; u < t; ++u)
+      if (slots[t] >= 0 && slots[u] == slots[t]) slots[t] = -1;
+  const int64_t esize = dt == DType::kFloat32 ? 4 : 2;
+  k.reshape_and_cache(esize, key.data(), value.data(), kc.data(), vc.data(), slots.data(), tokens,
+                      kv_heads, head_size, block_size, kv_heads * head_size, head_size,
+                      kv_heads * head_size, head_size);
+  std::vector<double> wk(kc0.v.begin(), kc0.v.end()), wv(vc0.v.begin(), vc0.v.end());
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const int64_t b = slots[t] / block_size, o = slots[t] % block_size;
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t i = 0; i < head_size; ++i) {
+        const int64_t dst = ((b * kv_heads + h) * block_size + o) * head_size + i;
+        wk[dst] = key.v[(t * kv_heads + h) * head_size + i];
+        wv[dst] = value.v[(t * kv_heads + h) * head_size + i];
+      }
+  }
+  std::string what = std::to_string(tokens) + "t " + std::to_string(kv_heads) + "kv " +
+                     std::to_string(head_size) + "d b" + std::to_string(block_size);
+  check(isa, "reshape_and_cache", dt, what + " key", kc, wk, 1e-9);  // a copy: exact
+  check(isa, "reshape_and_cache", dt, what + " value", vc, wv, 1e-9);
+}
+
+void paged_attention(const char* isa, const KernelTable& k, DType dt, int64_t seqs, int64_t heads,
+                     int64_t kv_heads, int64_t head_size, int64_t block_size, int64_t max_len) {
+  const int64_t max_blocks = (max_len + block_size - 1) / block_size;
+  const int64_t blocks = seqs * max_blocks + 1;
+  Buf q(dt, seqs * heads * head_size), kc(dt, blocks * kv_heads * block_size * head_size),
+      vc(dt, blocks * kv_heads * block_size * head_size), out(dt, seqs * heads * head_size);
+  std::vector<int32_t> lens(seqs), table(seqs * max_blocks);
+  for (int64_t s = 0; s < seqs; ++s) lens[s] = static_cast<int32_t>(s == 0 ? max_len : 1 + (s * 37) % max_len);
+  if (seqs > 2) lens[1] = 0;  // an empty sequence: zeros
+  for (int64_t i = 0; i < seqs * max_blocks; ++i) table[i] = static_cast<int32_t>((i * 7 + 1) % blocks);
+  const float scale = 1.0f / sqrtf(static_cast<float>(head_size));
+  k.paged_attention(dt, out.data(), q.data(), kc.data(), vc.data(), table.data(), lens.data(), seqs,
+                    heads, kv_heads, head_size, block_size, max_blocks, scale);
+  std::vector<double> want(seqs * heads * head_size, 0.0), logits(max_len);
+  const int64_t group = heads / kv_heads;
+  for (int64_t s = 0; s < seqs; ++s)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t kh = h / group, len = lens[s];
+      if (len == 0) continue;
+      const float* qv = &q.v[(s * heads + h) * head_size];
+      double mx = -1e300, sum = 0;
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t off = ((int64_t(table[s * max_blocks + t / block_size]) * kv_heads + kh) * block_size +
+                             t % block_size) * head_size;
+        double d = 0;
+        for (int64_t i = 0; i < head_size; ++i) d += double(qv[i]) * kc.v[off + i];
+        logits[t] = d * scale;
+        mx = logits[t] > mx ? logits[t] : mx;
+      }
+      for (int64_t t = 0; t < len; ++t) sum += (logits[t] = exp(logits[t] - mx));
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t off = ((int64_t(table[s * max_blocks + t / block_size]) * kv_heads + kh) * block_size +
+                             t % block_size) * head_size;
+        for (int64_t i = 0; i < head_size; ++i)
+          want[(s * heads + h) * head_size + i] += logits[t] / sum * vc.v[off + i];
+      }
+    }
+  check(isa, "paged_attention", dt,
+        std::to_string(seqs) + "s " + std::to_string(heads) + "/" + std::to_string(kv_heads) + "h " +
+            std::to_string(head_size) + "d b" + std::to_string(block_size) + " len" + std::to_string(max_len),
+        out, want, dt == DType::kFloat32 ? 5.0 : 1.0);
+}
+
+void run_all(const char* isa, const KernelTable& k) {
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    const int64_t rh[][2] = {{1, 1}, {1, 17}, {7, 128}, {33, 4097}, {3, 4096}};
+    for (auto& c : rh) rms_norm(isa, k, dt, c[0], c[1]);
+    for (auto& c : rh) fused_add_rms_norm(isa, k, dt, c[0], c[1]);
+    const int64_t sd[][2] = {{1, 1}, {5, 13}, {4, 4096}, {64, 1000}};
+    for (auto& c : sd) silu_and_mul(isa, k, dt, c[0], c[1]);
+    for (bool neox : {true, false}) {
+      rotary(isa, k, dt, 1, 1, 2, 2, neox);
+      rotary(isa, k, dt, 5, 3, 64, 64, neox);
+      rotary(isa, k, dt, 9, 4, 128, 32, neox);
+      rotary(isa, k, dt, 3, 2, 80, 18, neox);
+    }
+    reshape_and_cache(isa, k, dt, 1, 1, 1, 32);
+    reshape_and_cache(isa, k, dt, 37, 4, 64, 16);
+    reshape_and_cache(isa, k, dt, 64, 2, 36, 32);
+    paged_attention(isa, k, dt, 1, 1, 1, 64, 32, 1);
+    paged_attention(isa, k, dt, 4, 8, 2, 64, 16, 100);    // GQA 4
+    paged_attention(isa, k, dt, 3, 8, 8, 36, 32, 70);     // MHA, odd head size
+    paged_attention(isa, k, dt, 2, 16, 2, 128, 32, 513);  // GQA 8
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  struct Entry { const char* name; const KernelTable* (*get)(); bool usable; };
+  std::vector<Entry> tables;
+#if defined(ENGINE_HAS_NEON)
+  tables.push_back({"neon", engine_cpu::kernels_neon, true});
+#endif
+#if defined(ENGINE_HAS_NEON_BF16)
+#ifndef HWCAP2_BF16
+#define HWCAP2_BF16 (1 << 14)
+#endif
+  tables.push_back({"neon_bf16", engine_cpu::kernels_neon_bf16, (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0});
+#endif
+#if defined(ENGINE_HAS_GENERIC)
+  tables.push_back({"generic", engine_cpu::kernels_generic, true});
+#endif
+  int ran = 0;
+  for (const Entry& e : tables) {
+    bool wanted = argc == 1;
+    for (int i = 1; i < argc; ++i) wanted |= strcmp(argv[i], e.name) == 0;
+    if (!wanted) continue;
+    if (!e.usable) {
+      printf("skip %s: this CPU lacks it\n", e.name);
+      if (argc > 1) ++failures;  // asked for by name: not running it is a failure
+      continue;
+    }
+    const KernelTable* k = e.get();
+    if (strcmp(k->isa, e.name) != 0) {
+      printf("FAIL table %s reports isa %s\n", e.name, k->isa);
+      ++failures;
+    }
+    run_all(e.name, *k);
+    ++ran;
+  }
+  printf("%d cases on %d kernel tables, %d failed\n", cases, ran, failures);
+  return failures == 0 && ran > 0 ? 0 : 1;
+}

@@ -18,6 +18,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO/ci/lib.sh"
 source "$REPO/ci/cross.sh"
+source "$REPO/ci/debian-lib.sh"
 uv=$UV
 cache=$AARCH64_CACHE
 rootfs=$cache/rootfs
@@ -60,8 +61,9 @@ grep -qs '^enabled' /proc/sys/fs/binfmt_misc/qemu-aarch64 ||
 if [ ! -f "$rootfs/.vllm-rootfs-ready" ]; then
   say "debootstrap arm64 bookworm into $rootfs (about 3-5 minutes)"
   rm -rf "$rootfs.tmp"
+  mirror=$(host_debian_mirror)  # this host's apt mirror (ci/debian-lib.sh)
   debootstrap --arch=arm64 --variant=minbase --include=python3,python3-venv \
-    bookworm "$rootfs.tmp" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 ||
+    bookworm "$rootfs.tmp" ${mirror:+"$mirror"} >"$cache/debootstrap.log" 2>&1 ||
     { tail -20 "$cache/debootstrap.log" >&2; echo "error: debootstrap failed (log: $cache/debootstrap.log)" >&2; exit 1; }
   rm -rf "$rootfs"
   mv "$rootfs.tmp" "$rootfs"

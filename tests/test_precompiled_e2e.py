@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO, UV, PlusAsSpaceServer, free_port, make_venv, run
 from tools.hashing import sha256_file
 from wheel_index.publish import publish
-from wheel_index.server import IndexHandler, make_server
+from wheel_index.server import make_server
 from wheel_index.storage import open_storage
 
 pytestmark = pytest.mark.slow
@@ -123,13 +123,13 @@ class CountingServer:
         self.paths: list[str] = []
         paths = self.paths
 
-        class Handler(IndexHandler):
+        self.httpd = make_server(root)
+
+        class Handler(self.httpd.RequestHandlerClass):  # the served root comes with it
             def do_GET(self):
                 paths.append(self.path)
                 super().do_GET()
 
-        Handler.root = Path(root).absolute()
-        self.httpd = make_server(root)
         self.httpd.RequestHandlerClass = Handler
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

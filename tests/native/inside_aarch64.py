@@ -18,6 +18,7 @@ import torch
 import engine
 from engine import ops
 from engine.cli import main as engine_main
+from engine.cpu_features import CpuIsaError
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,7 +46,7 @@ def test_this_is_the_installed_aarch64_wheel():
 def test_run_time_choice_of_the_arm_code_path():
     assert ops.select_cpu_isa("auto") == BEST
     assert ops.select_cpu_isa("neon") == "neon"
-    with pytest.raises(RuntimeError, match="not compiled into this build"):
+    with pytest.raises(CpuIsaError, match="not compiled into this build"):
         ops.select_cpu_isa("avx2")
     ops.select_cpu_isa("auto")
 

@@ -27,8 +27,8 @@ start=$SECONDS
 
 venv=$REPO/.venvs/gpu-check
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-# uv and transformers at the pins of requirements/dev.txt (their one home)
-pin() { grep -E "^$1([<>=! ;]|$)" "$REPO/requirements/dev.txt" | head -n 1; }
+# uv and transformers at their pins (requirements/ci.txt, requirements/dev.txt)
+pin() { grep -hE "^$1([<>=! ;]|$)" "$REPO/requirements/ci.txt" "$REPO/requirements/dev.txt" | head -n 1; }
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "$(pin uv)" "packaging>=23"
 PYTHON=$venv/bin/python
 UV=$venv/bin/uv

@@ -31,11 +31,16 @@ def _fix_command(info: BuildInfo) -> str:
 
 
 def check_torch(info: BuildInfo, installed: str) -> None:
-    """The local label counts too: a +cu129 build needs CUDA 12 libraries that a
-    +cpu (or the default CUDA 13) torch of the same release does not ship."""
+    """The release must match. For GPU kernels the local label counts too: a +cu129
+    build needs CUDA 12 libraries that a +cpu (or the default CUDA 13) torch of the
+    same release does not ship. CPU kernels link only libtorch_cpu and libc10,
+    which every build of a release carries (the aarch64 cpu wheel is cross-built
+    against PyPI's CUDA build and runs on the +cpu one)."""
     if info.torch_version is None:
         return
-    if Version(installed) != Version(info.torch_version):
+    same = (Version(installed) == Version(info.torch_version) if info.device != "cpu"
+            else Version(installed).public == Version(info.torch_version).public)
+    if not same:
         raise TorchMismatchError(
             f"vllm-engine's kernels ({info.variant}) were compiled against torch "
             f"{info.torch_version}, but torch {installed} is installed. The compiled ops would "

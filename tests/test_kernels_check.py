@@ -1,5 +1,6 @@
-"""engine._kernels.check_torch: the kernels load only into the torch build they
-were compiled against, release and local label (+cpu, +cu129) alike."""
+"""engine._kernels.check_torch: GPU kernels load only into the torch build they
+were compiled against, release and local label (+cu129, +cu130) alike; CPU
+kernels into any build of their release."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +31,13 @@ def test_same_build_loads():
     check_torch(CU129, "2.13.0+cu129")
     check_torch(info("cpu", "2.13.0+cpu", "torch==2.13.0+cpu", None), "2.13.0+cpu")
     check_torch(info("empty", None, None, None), "2.0.0")  # no kernels: nothing to compare
+
+
+def test_cpu_kernels_need_the_release_not_the_build():
+    cpu = info("cpu", "2.13.0+cu130", "torch==2.13.0+cpu", None)  # the cross-built aarch64 wheel
+    check_torch(cpu, "2.13.0+cpu")
+    with pytest.raises(TorchMismatchError):
+        check_torch(cpu, "2.12.0+cpu")
 
 
 def test_installed_torch_version_is_read_without_importing_torch(tmp_path, monkeypatch):

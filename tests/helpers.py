@@ -37,6 +37,18 @@ def __getattr__(name: str) -> str:  # TORCH_CPU_PIN, TORCH_CPU_VERSION for the t
     raise AttributeError(name)
 
 
+def dev_tool(name: str) -> Path:
+    """A command-line tool of the dev environment (beside this Python, else on PATH);
+    the calling test is skipped, naming the tool, where it is not installed."""
+    import pytest
+
+    here = Path(sys.executable).parent / name
+    path = here if here.exists() else shutil.which(name)
+    if not path:
+        pytest.skip(f"{name} is not installed (requirements/dev.txt; run ci/setup-dev.sh)")
+    return Path(path)
+
+
 def run(cmd, *, env=None, cwd=None, check=True, timeout=1800) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([str(c) for c in cmd], env=full_env, cwd=cwd, capture_output=True,

@@ -6,28 +6,18 @@ refuses bad input with one line."""
 from __future__ import annotations
 
 import re
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import REPO, run
+from helpers import REPO, dev_tool, run
 
-BIN = Path(sys.executable).parent
 DOCKERFILES = [REPO / "docker" / "Dockerfile", REPO / "docker" / "Dockerfile.cpu"]
 WORKFLOW = REPO / ".github" / "workflows" / "docker.yml"
 
 
-def tool(name: str) -> Path:
-    path = BIN / name if (BIN / name).exists() else shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (requirements/dev.txt; run ci/setup-dev.sh)")
-    return Path(path)
-
 
 def test_dockerfiles_pass_hadolint():
-    res = run([tool("hadolint"), "--config", REPO / "docker" / "hadolint.yaml", *DOCKERFILES],
+    res = run([dev_tool("hadolint"), "--config", REPO / "docker" / "hadolint.yaml", *DOCKERFILES],
               check=False)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -51,10 +41,10 @@ def test_dockerfiles_have_their_targets_and_build_args():
 
 
 def test_docker_workflow_is_schema_valid_and_clean_under_zizmor():
-    res = run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", WORKFLOW],
+    res = run([dev_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", WORKFLOW],
               check=False)
     assert res.returncode == 0, res.stdout + res.stderr
-    res = run([tool("zizmor"), "--offline", WORKFLOW], check=False)
+    res = run([dev_tool("zizmor"), "--offline", WORKFLOW], check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     text = WORKFLOW.read_text()
     assert "ci/docker-build.sh vllm-engine-openai" in text

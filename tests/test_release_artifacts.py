@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import email.parser
 import re
-import shutil
 import sys
 import tarfile
 import zipfile
@@ -13,16 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, UV, copy_source_tree, run
-
-BIN = Path(sys.executable).parent
+from helpers import REPO, UV, copy_source_tree, dev_tool, run
 
 
-def _tool(name: str) -> Path:
-    path = BIN / name if (BIN / name).exists() else shutil.which(name)
-    if not path:
-        pytest.skip(f"{name} is not installed (pip install -r requirements/dev.txt)")
-    return Path(path)
 
 
 def _metadata(text: str):
@@ -70,7 +62,7 @@ def test_long_description_is_for_users_and_stays_in_the_repository(sdist):
 
 
 def test_twine_accepts_the_sdist(sdist):
-    res = run([_tool("twine"), "check", "--strict", sdist], check=False)
+    res = run([dev_tool("twine"), "check", "--strict", sdist], check=False)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -101,7 +93,7 @@ def test_wheel_from_the_sdist_has_its_version_and_passes_the_checkers(sdist, tmp
     assert meta["License-File"] == "LICENSE" and "engine/_C.abi3.so" in names
 
     for tool in ("twine", "check-wheel-contents", "abi3audit"):
-        _tool(tool)
+        dev_tool(tool)
     res = run(["bash", REPO / "ci" / "check-dist.sh", wheel, sdist], check=False,
               env={"PYTHON": sys.executable})
     assert res.returncode == 0, res.stdout + res.stderr

@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
-from helpers import REPO, run
+from helpers import REPO, dev_tool, run
 from tools import variants
 
 WORKFLOW = REPO / ".github" / "workflows" / "wheels.yml"
-BIN = Path(sys.executable).parent
 
-
-def _tool(name: str) -> Path:
-    path = BIN / name if (BIN / name).exists() else shutil.which(name)
-    if not path:
-        pytest.skip(f"{name} is not installed (pip install -r requirements/dev.txt)")
-    return Path(path)
 
 
 def _jobs() -> dict:
@@ -30,12 +21,12 @@ def _jobs() -> dict:
 
 
 def _zizmor(path: Path, *extra: str):
-    return run([_tool("zizmor"), "--offline", "--no-progress", "--format", "plain", *extra,
+    return run([dev_tool("zizmor"), "--offline", "--no-progress", "--format", "plain", *extra,
                 path], check=False)
 
 
 def test_workflow_is_valid_for_its_schema():
-    res = run([_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+    res = run([dev_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
                WORKFLOW], check=False)
     assert res.returncode == 0, res.stdout + res.stderr
 

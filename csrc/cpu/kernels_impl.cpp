@@ -5,6 +5,7 @@
 // ISA. Everything except the exported table getter has internal linkage (see
 // kernels.h for why), and only C headers are included.
 #include "kernels.h"
+#include "scalar.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -14,27 +15,10 @@
 #error "ENGINE_ISA must be defined (avx2, avx512 or generic)"
 #endif
 
-#define ENGINE_CAT2(a, b) a##b
-#define ENGINE_CAT(a, b) ENGINE_CAT2(a, b)
-#define ENGINE_STR2(a) #a
-#define ENGINE_STR(a) ENGINE_STR2(a)
-
 namespace engine_cpu {
 namespace {
 
 // ---- element conversion ---------------------------------------------------
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  return __builtin_bit_cast(float, u);
-}
-
-// Round to nearest even, NaN kept quiet: the same rule as c10::BFloat16.
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u = __builtin_bit_cast(uint32_t, f);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (f != f) ? static_cast<uint16_t>(0x7fc0) : static_cast<uint16_t>(rounded);
-}
 
 template <typename T>
 struct Elem;

@@ -8,6 +8,7 @@
 // but the table getter has internal linkage, so no +bf16 instruction can leak
 // into code the baseline build shares.
 #include "../kernels.h"
+#include "../scalar.h"
 
 #include <arm_neon.h>
 #include <math.h>
@@ -27,27 +28,8 @@
 #define ENGINE_NEON_BF16 0
 #endif
 
-#define ENGINE_CAT2(a, b) a##b
-#define ENGINE_CAT(a, b) ENGINE_CAT2(a, b)
-#define ENGINE_STR2(a) #a
-#define ENGINE_STR(a) ENGINE_STR2(a)
-
 namespace engine_cpu {
 namespace {
-
-// ---- scalar conversion (tails) ------------------------------------------------
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  return __builtin_bit_cast(float, u);
-}
-
-// Round to nearest even, NaN kept quiet: c10::BFloat16's rule.
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u = __builtin_bit_cast(uint32_t, f);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (f != f) ? static_cast<uint16_t>(0x7fc0) : static_cast<uint16_t>(rounded);
-}
 
 // ---- vector conversion ----------------------------------------------------------
 

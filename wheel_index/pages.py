@@ -18,16 +18,19 @@ def project_html(entries: list[WheelEntry], view_dir: str) -> bytes:
     lines = ["<!DOCTYPE html>", "<html>", "<head><meta name=\"pypi:repository-version\" "
              f"content=\"{API_VERSION}\"><title>Links for {PROJECT}</title></head>", "<body>",
              f"<h1>Links for {PROJECT}</h1>"]
-    for e in entries:
-        url = href(f"{_file_key(e)}", view_dir)
-        attrs = [f'href="{html.escape(url)}#sha256={e.sha256}"']
-        if e.requires_python:
-            attrs.append(f'data-requires-python="{html.escape(e.requires_python)}"')
-        attrs.append(f'data-core-metadata="sha256={e.metadata_sha256}"')
-        attrs.append(f'data-dist-info-metadata="sha256={e.metadata_sha256}"')
-        lines.append(f"<a {' '.join(attrs)}>{html.escape(e.filename)}</a><br/>")
+    lines += [wheel_anchor(e, _file_key(e), view_dir) for e in entries]
     lines += ["</body>", "</html>", ""]
     return "\n".join(lines).encode()
+
+
+def wheel_anchor(e: WheelEntry, file_key: str, view_dir: str) -> str:
+    """One wheel's PEP 503 link: hash, Requires-Python and PEP 658/714 metadata hashes."""
+    attrs = [f'href="{html.escape(href(file_key, view_dir))}#sha256={e.sha256}"']
+    if e.requires_python:
+        attrs.append(f'data-requires-python="{html.escape(e.requires_python)}"')
+    attrs.append(f'data-core-metadata="sha256={e.metadata_sha256}"')
+    attrs.append(f'data-dist-info-metadata="sha256={e.metadata_sha256}"')
+    return f"<a {' '.join(attrs)}>{html.escape(e.filename)}</a><br/>"
 
 
 def project_json(entries: list[WheelEntry], view_dir: str) -> bytes:

@@ -33,8 +33,8 @@ from packaging.version import Version
 from tools.errors import UserError
 from tools.hashing import sha256_file
 from wheel_index import pages
-from wheel_index.layout import (ENTRY_SUFFIX, METADATA_SUFFIX, NIGHTLY, PROJECT, project_dir,
-                                url_path)
+from wheel_index.layout import (ENTRY_SUFFIX, METADATA_SUFFIX, NIGHTLY, PROJECT, href,
+                                project_dir, url_path)
 from wheel_index.variant_wheels import (
     base_version,
     encode,
@@ -51,11 +51,6 @@ CONVERGE_ATTEMPTS = 8
 
 def level_dir(commit: str) -> str:
     return f"{commit}/{VARIANTS}"
-
-
-def _link(file_key: str, view_dir: str) -> str:
-    """Relative and percent-encoded (`+` as %2B), like the other levels' links."""
-    return url_path(posixpath.relpath(file_key, project_dir(view_dir)))
 
 
 def _entries(storage, commit: str) -> list[WheelEntry]:
@@ -92,16 +87,10 @@ def _docs(commit: str, entries: list[WheelEntry]) -> list[_Doc]:
 def project_html(entries: list[WheelEntry], docs: list[_Doc], view_dir: str) -> bytes:
     lines = pages.project_html([], view_dir).decode().split("\n")  # the standard frame
     body = []
-    for e in entries:
-        attrs = [f'href="{html.escape(_link(_file_key(e), view_dir))}#sha256={e.sha256}"']
-        if e.requires_python:
-            attrs.append(f'data-requires-python="{html.escape(e.requires_python)}"')
-        attrs.append(f'data-core-metadata="sha256={e.metadata_sha256}"')
-        attrs.append(f'data-dist-info-metadata="sha256={e.metadata_sha256}"')
-        body.append(f"<a {' '.join(attrs)}>{html.escape(e.filename)}</a><br/>")
+    body += [pages.wheel_anchor(e, _file_key(e), view_dir) for e in entries]
     for d in docs:
         name = posixpath.basename(d.key)
-        body.append(f'<a href="{html.escape(_link(d.key, view_dir))}#sha256={d.sha256}">'
+        body.append(f'<a href="{html.escape(href(d.key, view_dir))}#sha256={d.sha256}">'
                     f"{html.escape(name)}</a><br/>")
     at = lines.index("</body>")
     return "\n".join(lines[:at] + body + lines[at:]).encode()
@@ -110,8 +99,8 @@ def project_html(entries: list[WheelEntry], docs: list[_Doc], view_dir: str) -> 
 def project_json(entries: list[WheelEntry], docs: list[_Doc], view_dir: str) -> bytes:
     doc = json.loads(pages.project_json(entries, view_dir))
     for f, e in zip(doc["files"], entries):
-        f["url"] = _link(_file_key(e), view_dir)
-    doc["files"] += [{"filename": posixpath.basename(d.key), "url": _link(d.key, view_dir),
+        f["url"] = href(_file_key(e), view_dir)
+    doc["files"] += [{"filename": posixpath.basename(d.key), "url": href(d.key, view_dir),
                       "hashes": {"sha256": d.sha256}, "size": len(d.data), "yanked": False}
                      for d in docs]
     return json.dumps(doc, indent=1).encode()

@@ -39,6 +39,10 @@ std::string isa();
 std::string select_isa(const std::string& name);
 // Comma-separated list of the ISAs compiled into this library.
 std::string compiled_isas();
+// Whether the kernel table in use has the packed linear kernel.
+bool has_linear();
+void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
+            const std::optional<at::Tensor>& bias);
 }  // namespace cpu
 #endif
 

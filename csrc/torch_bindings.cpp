@@ -25,6 +25,10 @@ TORCH_LIBRARY(_C, m) {
   m.def("cpu_isa", &engine::cpu::isa);
   m.def("select_cpu_isa", &engine::cpu::select_isa);
   m.def("cpu_compiled_isas", &engine::cpu::compiled_isas);
+  m.def("cpu_has_linear", &engine::cpu::has_linear);
+  // CPU only: decode-sized linear layers over a weight packed by
+  // engine.layers.linear.pack_panels ([ceil(N/16), K, 16]).
+  m.def("linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor? bias) -> ()");
 #endif
 }
 
@@ -37,7 +41,10 @@ TORCH_LIBRARY(_C, m) {
   m.impl("paged_attention", &engine::ns::paged_attention);
 
 #ifdef ENGINE_WITH_CPU_KERNELS
-TORCH_LIBRARY_IMPL(_C, CPU, m) { ENGINE_REGISTER_OPS(cpu) }
+TORCH_LIBRARY_IMPL(_C, CPU, m) {
+  ENGINE_REGISTER_OPS(cpu)
+  m.impl("linear", &engine::cpu::linear);
+}
 #endif
 
 #ifdef ENGINE_WITH_CUDA_KERNELS

@@ -13,7 +13,7 @@ import torch
 from engine import cpu_binding, envs, preload
 from engine.block_manager import BlockManager
 from engine.config import ModelConfig
-from engine.cpu_features import PREPACKED
+from engine.cpu_features import PLAIN
 from engine.layers.linear import log_cpu_linear_choice
 from engine.loader import load_weights
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -68,7 +68,7 @@ class EngineCore:
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", *, block_size: int = 128,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, num_kv_blocks: int | None = None,
-                 bind_threads: bool = True, prepack_weights: bool | None = None):
+                 bind_threads: bool = True):
         self.path = resolve_model(model)
         self.config = ModelConfig.from_dir(self.path)
         platform = current_platform()
@@ -97,11 +97,10 @@ class EngineCore:
         self.model = LlamaForCausalLM(self.config, self.dtype).to(device)
         load_weights(self.model, self.path)
         self.model.eval()
-        if prepack_weights is None:
-            prepack_weights = (platform.device_type == "cpu"
-                               and log_cpu_linear_choice(self.dtype).mode == PREPACKED)
-        if prepack_weights:
-            self.model.prepack()
+        self.linear_mode = PLAIN
+        if platform.device_type == "cpu":
+            self.linear_mode = log_cpu_linear_choice(self.dtype).mode
+            self.model.prepare_linear(self.linear_mode)
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_num_seqs, self.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.blocks, self.dtype, device)

@@ -126,7 +126,10 @@ def choose_isa(requested: str, features: CpuFeatures, compiled: Iterable[str]) -
 # --- linear layers ---------------------------------------------------------
 
 PREPACKED = "onednn-prepacked"
+PANELS = "engine-panels"
 PLAIN = "plain"
+#: VLLM_CPU_LINEAR's values (engine/envs.py) to the modes they insist on
+LINEAR_MODES = {"panels": PANELS, "onednn": PREPACKED, "plain": PLAIN}
 
 # What torch's oneDNN path needs per reduced-precision dtype (mirrors torch's
 # mkldnn_bf16_device_check / mkldnn_fp16_device_check on x86).
@@ -160,14 +163,45 @@ class TorchLinearSupport:
 
 @dataclass(frozen=True)
 class LinearChoice:
-    mode: str      # PREPACKED or PLAIN
+    mode: str      # PANELS, PREPACKED or PLAIN
     reason: str
 
 
-def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearSupport
-                  ) -> LinearChoice:
-    """How linear layers of `dtype` run on this CPU: prepacked oneDNN where torch
-    and the (possibly capped) CPU support it for that dtype, plain F.linear otherwise."""
+def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearSupport,
+                  panels: bool = False, requested: str = "auto") -> LinearChoice:
+    """How linear layers of `dtype` run on this CPU. `panels`: the kernel code
+    path in use has the engine's panel kernel (float32 and bfloat16).
+
+    Measured on the benchmark's 435M-parameter Llama (benchmarks/kernels.py
+    --linear): the panel kernel streams the weight at decode faster than
+    oneDNN's prepacked weights (float32 and bfloat16 without AMX), except that
+    with AMX oneDNN's bfloat16 path computes several times faster once a step
+    has more than a few rows, so AMX keeps oneDNN for bfloat16."""
+    onednn = _onednn_choice(dtype, features, torch_support)
+    has_panels = panels and dtype in ("float32", "bfloat16")
+    if requested != "auto":
+        mode = LINEAR_MODES[requested]
+        if mode == PANELS and not has_panels:
+            raise CpuIsaError(f"VLLM_CPU_LINEAR=panels: the engine's panel kernel does not run "
+                              f"{dtype} on this code path (x86 AVX2/AVX-512, float32 and "
+                              "bfloat16 only); use auto, onednn or plain")
+        if mode == PREPACKED and onednn.mode != PREPACKED:
+            raise CpuIsaError(f"VLLM_CPU_LINEAR=onednn: {onednn.reason}; use auto, panels "
+                              "or plain")
+        return LinearChoice(mode, f"VLLM_CPU_LINEAR={requested}")
+    if not has_panels:
+        return onednn
+    if dtype == "bfloat16" and onednn.mode == PREPACKED and "amx_bf16" in features.flags:
+        return LinearChoice(PREPACKED, "the CPU has AMX, and oneDNN's bfloat16 path computes "
+                                       "with it")
+    return LinearChoice(PANELS, f"the engine's panel kernel streams {dtype} weights at "
+                                "decode faster than oneDNN or F.linear")
+
+
+def _onednn_choice(dtype: str, features: CpuFeatures, torch_support: TorchLinearSupport
+                   ) -> LinearChoice:
+    """Prepacked oneDNN where torch and the (possibly capped) CPU support it
+    for that dtype, plain F.linear otherwise."""
     if not torch_support.reorder_op:
         return LinearChoice(PLAIN, "this torch has no oneDNN weight prepacking")
     if dtype == "float32":

@@ -12,6 +12,7 @@ from typing import Mapping
 
 CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "neon_bf16", "neon", "generic")
 CPU_MAX_ISA_CHOICES = ("avx2", "generic")
+CPU_LINEAR_CHOICES = ("auto", "panels", "onednn", "plain")
 DEFAULT_KVCACHE_GIB = 4.0
 
 
@@ -53,6 +54,16 @@ def cpu_max_isa(env: Mapping[str, str] | None = None) -> str | None:
     if not env.get("VLLM_CPU_MAX_ISA", "").strip():
         return None
     return _choice(env, "VLLM_CPU_MAX_ISA", CPU_MAX_ISA_CHOICES, "")
+
+
+def cpu_linear(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_CPU_LINEAR: how linear layers run on the CPU. `auto` (default) lets
+    the engine decide per dtype from the CPU and torch (`engine env` shows the
+    decision and why); `panels` (the engine's own kernel, x86 AVX2/AVX-512:
+    weights packed in 16-column panels, fastest at decode), `onednn` (torch's
+    prepacked oneDNN weights) and `plain` (torch's F.linear) insist on one,
+    failing with one line where it cannot run here."""
+    return _choice(_env(env), "VLLM_CPU_LINEAR", CPU_LINEAR_CHOICES, "auto")
 
 
 def check_bounds(env: Mapping[str, str] | None = None) -> bool:

@@ -15,6 +15,8 @@ from engine._kernels import load
 #: (tests/test_ops.py checks the two agree; ci/smoke-test.sh reads this list).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
             "reshape_and_cache", "paged_attention")
+#: Ops registered for one device only.
+DEVICE_OP_NAMES = {"cpu": ("linear",)}
 
 BUILD_INFO = load()
 _ops = torch.ops._C if BUILD_INFO.has_kernels else reference
@@ -55,6 +57,19 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
                     seq_lens: torch.Tensor, scale: float) -> None:
     """Decode attention: one query token per sequence over its cached blocks."""
     _ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+           bias: torch.Tensor | None) -> None:
+    """out[M, N] = input[M, K] @ W^T (+ bias), W packed by
+    engine.layers.linear.pack_panels as [ceil(N/16), K, 16] (CPU only: see
+    has_panel_linear)."""
+    _ops.linear(out, input, packed_weight, bias)
+
+
+def has_panel_linear() -> bool:
+    """Whether the CPU code path in use has the panel linear kernel (x86 AVX2/AVX-512)."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_linear())
 
 
 def cpu_isa() -> str | None:

@@ -89,3 +89,11 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
     o = o[:, :, 0, :]
     o[seq_lens == 0] = 0
     out.copy_(o)
+
+
+def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+           bias: torch.Tensor | None) -> None:
+    """The panel kernel's reference: unpack [ceil(N/16), K, 16] and F.linear in float32."""
+    n = out.shape[1]
+    w = packed_weight.transpose(1, 2).reshape(-1, packed_weight.shape[1])[:n]
+    out.copy_(F.linear(input.float(), w.float(), None if bias is None else bias.float()))

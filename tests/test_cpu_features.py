@@ -97,6 +97,36 @@ def test_linear_choice_per_cpu_and_dtype(flags, cap, dtype, mode):
         assert "VLLM_CPU_MAX_ISA=avx2" in choice.reason
 
 
+@pytest.mark.parametrize("flags,cap,dtype,mode", [
+    (EPYC_AVX2, None, "float32", cf.PANELS),
+    (EPYC_AVX2, None, "bfloat16", cf.PANELS),      # bf16 on AVX2 runs the engine's kernel
+    (XEON_AMX, None, "float32", cf.PANELS),
+    (XEON_AMX, None, "bfloat16", cf.PREPACKED),    # AMX: oneDNN computes bf16 with tiles
+    (XEON_AMX, "avx2", "bfloat16", cf.PANELS),
+    (CLIENT_NE, None, "bfloat16", cf.PANELS),
+    (XEON_AMX, None, "float16", cf.PLAIN),         # the panel kernel has no float16
+])
+def test_linear_choice_with_the_panel_kernel(flags, cap, dtype, mode):
+    choice = cf.choose_linear(dtype, features(flags, cap=cap), TORCH, panels=True)
+    assert choice.mode == mode, choice.reason
+
+
+def test_vllm_cpu_linear_insists_or_refuses_in_one_line():
+    amx = features(XEON_AMX)
+    for requested, mode in cf.LINEAR_MODES.items():
+        assert cf.choose_linear("float32", amx, TORCH, True, requested).mode == mode
+    assert cf.choose_linear("bfloat16", amx, TORCH, True, "panels").mode == cf.PANELS
+    with pytest.raises(cf.CpuIsaError, match="VLLM_CPU_LINEAR=panels: .* does not run float16"):
+        cf.choose_linear("float16", amx, TORCH, True, "panels")
+    with pytest.raises(cf.CpuIsaError, match="VLLM_CPU_LINEAR=panels"):
+        cf.choose_linear("float32", amx, TORCH, False, "panels")  # e.g. the NEON path
+    with pytest.raises(cf.CpuIsaError, match="VLLM_CPU_LINEAR=onednn: oneDNN's bfloat16 path"):
+        cf.choose_linear("bfloat16", features(EPYC_AVX2), TORCH, True, "onednn")
+    with pytest.raises(envs.EnvError, match="VLLM_CPU_LINEAR='fast' is not valid; use one of: "
+                                            "auto, panels, onednn, plain"):
+        envs.cpu_linear({"VLLM_CPU_LINEAR": "fast"})
+
+
 def test_linear_choice_follows_what_torch_supports():
     no_bf16 = cf.TorchLinearSupport(reorder_op=True, dtypes=frozenset({"float32"}))
     assert cf.choose_linear("bfloat16", features(XEON_AMX), no_bf16).mode == cf.PLAIN
@@ -138,7 +168,12 @@ def test_engine_env_shows_the_linear_choice_and_cap():
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["cpu_max_isa"] == "avx2" and data["cpu_isa_in_use"] == "avx2"
-    assert data["linear_bfloat16"].startswith("plain") and "kv_cache" in data
+    # bfloat16 without AVX-512/AMX: the engine's panel kernel where this build has
+    # it (x86), torch's F.linear otherwise
+    from engine import ops
+
+    want = cf.PANELS if ops.has_panel_linear() else cf.PLAIN
+    assert data["linear_bfloat16"].split()[0] == want and "kv_cache" in data
 
 
 def test_arm_paths():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import cpu_binding, envs, platforms, preload
+from engine import cpu_binding, envs, ops, platforms, preload
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from helpers import WORDS, make_checkpoint
@@ -64,31 +64,44 @@ def test_greedy_matches_transformers_under_preemption(checkpoints):
 
 
 def _linear_modes() -> list:
-    """bfloat16 linear layers both ways: prepacked oneDNN where this CPU and torch
-    support it (a visible skip otherwise), and plain (what an AVX2-only CPU gets)."""
-    from engine.cpu_features import PREPACKED
-    from engine.layers.linear import cpu_linear_choice
+    """bfloat16 linear layers every way this build and CPU can run them (a visible
+    skip for the others): the engine's panels, prepacked oneDNN, plain F.linear,
+    and `auto` with every probe capped at AVX2 (VLLM_CPU_MAX_ISA), as on an AMD
+    EPYC without AVX-512, where the engine must decide by itself."""
+    from engine import cpu_features as cf
+    from engine.cpu_features import CpuIsaError
 
-    choice = cpu_linear_choice(torch.bfloat16)
-    prepacked = "prepacked" if choice.mode == PREPACKED else pytest.param(
-        "prepacked", marks=pytest.mark.skip(reason=f"bf16 prepacking not run: {choice.reason}"))
-    return [prepacked, "plain"]
+    params = []
+    for requested in ("panels", "onednn", "plain"):
+        try:
+            cf.choose_linear("bfloat16", cf.current(), cf.TorchLinearSupport.detect(),
+                             ops.has_panel_linear(), requested)
+            params.append(requested)
+        except CpuIsaError as exc:
+            params.append(pytest.param(requested, marks=pytest.mark.skip(
+                reason=f"bf16 linear mode not run: {exc}")))
+    return params + ["auto-avx2"]
 
 
 @pytest.fixture(params=_linear_modes())
 def bf16_linear_mode(request, monkeypatch):
-    """For `plain`, every CPU probe is capped at AVX2 (VLLM_CPU_MAX_ISA), as on an
-    AMD EPYC without AVX-512: the engine must decide on plain linear layers itself."""
-    from engine import cpu_features
+    """The mode's cpu_features name, with the environment set to get it."""
+    from engine import cpu_features as cf
     from engine.layers import linear
 
-    if request.param == "plain":
+    if request.param == "auto-avx2":
         monkeypatch.setenv("VLLM_CPU_MAX_ISA", "avx2")
-    for cached in (cpu_features.current, linear.cpu_linear_choice):
+        monkeypatch.delenv("VLLM_CPU_LINEAR", raising=False)
+        want = cf.PANELS if ops.has_panel_linear() else cf.PLAIN
+    else:
+        monkeypatch.setenv("VLLM_CPU_LINEAR", request.param)
+        want = cf.LINEAR_MODES[request.param]
+    for cached in (cf.current, linear.cpu_linear_choice):
         cached.cache_clear()
-    yield request.param
+    yield want
     monkeypatch.delenv("VLLM_CPU_MAX_ISA", raising=False)
-    for cached in (cpu_features.current, linear.cpu_linear_choice):
+    monkeypatch.delenv("VLLM_CPU_LINEAR", raising=False)
+    for cached in (cf.current, linear.cpu_linear_choice):
         cached.cache_clear()
 
 
@@ -99,8 +112,10 @@ def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
     llm = LLM(model=checkpoints[model_type], dtype="bfloat16", block_size=32, num_kv_blocks=64,
               bind_threads=False)
     assert llm.model.layers[0].input_layernorm.weight.dtype == torch.bfloat16
-    packed = llm.model.layers[0].gate_up.packed is not None
-    assert packed == (bf16_linear_mode == "prepacked")
+    assert llm.core.linear_mode == bf16_linear_mode
+    gate_up = llm.model.layers[0].gate_up
+    assert (gate_up.packed is not None, gate_up.panels is not None) == (
+        bf16_linear_mode == "onednn-prepacked", bf16_linear_mode == "engine-panels")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoints[model_type],
                                                           dtype=torch.bfloat16).eval()

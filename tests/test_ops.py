@@ -61,7 +61,7 @@ def test_op_list_is_what_the_extension_registers():
     registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
                   if name.startswith("_C::")
                   and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)}
-    assert registered == set(ops.OP_NAMES)
+    assert registered == set(ops.OP_NAMES) | set(ops.DEVICE_OP_NAMES.get(engine.BUILD_INFO.device, ()))
 
 
 def close(a, b, dtype):
@@ -271,3 +271,42 @@ def test_bad_input_messages_for_other_ops():
     with pytest.raises(ValueError, match="key must be"):
         ops.reshape_and_cache(torch.randn(2, 2, 8), torch.randn(2, 2, 8), kc, kc.clone(),
                               torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n,bias", [
+    (1, 7, 5, False),        # one row, a lone partial panel
+    (3, 128, 2006, True),    # a partial last panel (a vocabulary)
+    (16, 512, 96, False),    # the largest decode tile
+    (17, 33, 100, True),     # the first prefill-shaped call, odd K
+    (40, 256, 48, False),    # an odd number of panels: the lone-panel tile
+])
+def test_linear(isa, dtype, m, k, n, bias):
+    if isa == "none" or not ops.has_panel_linear():
+        pytest.skip(f"the {isa} code path has no panel linear kernel (torch's linear runs)")
+    from engine.layers.linear import pack_panels
+
+    g = torch.Generator().manual_seed(m * k + n)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    packed = pack_panels(w)
+    out, want = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
+    ops.linear(out, x, packed, b)
+    reference.linear(want, x, packed, b)
+    close(out, want, dtype)
+    # the reference itself is F.linear on the unpacked weight
+    close(want, torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float()),
+          dtype)
+
+
+def test_linear_refuses_a_weight_that_does_not_fit(isa):
+    if isa == "none" or not ops.has_panel_linear():
+        pytest.skip(f"the {isa} code path has no panel linear kernel")
+    from engine.layers.linear import pack_panels
+
+    packed = pack_panels(torch.randn(40, 8))
+    with pytest.raises(ValueError, match="out has 50 columns but packed_weight holds 48"):
+        ops.linear(torch.empty(2, 50), torch.randn(2, 8), packed, None)
+    with pytest.raises(ValueError, match=r"packed_weight must be contiguous \[ceil\(N/16\), 9, 16\]"):
+        ops.linear(torch.empty(2, 40), torch.randn(2, 9), packed, None)

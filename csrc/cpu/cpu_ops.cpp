@@ -82,5 +82,43 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                             a.max_blocks, static_cast<float>(scale));
 }
 
+bool has_linear() { return kernels().linear != nullptr; }
+
+void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
+            const std::optional<at::Tensor>& bias) {
+  const char* op = "linear";
+  auto dt = dtype_of(input, at::kCPU, op, "input");
+  check_like(out, input, op, "out", "input");
+  check_like(packed_weight, input, op, "packed_weight", "input");
+  TORCH_CHECK_VALUE(input.dim() == 2 && input.stride(1) == 1, op,
+                    ": input must be 2-D with a contiguous last dimension, got shape ",
+                    input.sizes(), " and strides ", input.strides());
+  const int64_t M = input.size(0), K = input.size(1);
+  TORCH_CHECK_VALUE(packed_weight.dim() == 3 && packed_weight.size(1) == K &&
+                        packed_weight.size(2) == 16 && packed_weight.is_contiguous(),
+                    op, ": packed_weight must be contiguous [ceil(N/16), ", K,
+                    ", 16] (engine.layers.linear.pack_panels), got shape ", packed_weight.sizes());
+  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == M && out.stride(1) == 1, op,
+                    ": out must be [", M, ", N] with a contiguous last dimension, got shape ",
+                    out.sizes());
+  const int64_t N = out.size(1);
+  TORCH_CHECK_VALUE((N + 15) / 16 == packed_weight.size(0), op, ": out has ", N,
+                    " columns but packed_weight holds ", packed_weight.size(0) * 16,
+                    " (padded to 16)");
+  const void* b = nullptr;
+  if (bias.has_value()) {
+    check_like(*bias, input, op, "bias", "input");
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(), op,
+                      ": bias must be contiguous [", N, "], got shape ", bias->sizes());
+    b = bias->const_data_ptr();
+  }
+  const auto& table = kernels();
+  TORCH_CHECK(table.linear != nullptr, op, ": the ", table.isa,
+              " kernels have no linear; use torch's (engine.layers.linear decides)");
+  if (M == 0 || N == 0) return;
+  table.linear(kdt(dt), out.data_ptr(), input.const_data_ptr(), packed_weight.const_data_ptr(),
+               b, M, N, K, input.stride(0), out.stride(0));
+}
+
 }  // namespace cpu
 }  // namespace engine

@@ -61,6 +61,13 @@ struct KernelTable {
                           int64_t seqs, int64_t heads, int64_t kv_heads,
                           int64_t head_size, int64_t block_size,
                           int64_t max_blocks, float scale);
+
+  // out[m, :N] = x[m, :K] @ W^T (+ bias[:N]) with W packed as panels of 16
+  // columns, [ceil(N/16), K, 16] contiguous (linear_impl.h). Null on the code
+  // paths without it (the caller then uses torch's linear).
+  void (*linear)(DType dt, void* out, const void* x, const void* packed,
+                 const void* bias, int64_t M, int64_t N, int64_t K, int64_t ldx,
+                 int64_t ldo);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is

@@ -697,9 +697,27 @@ void paged_attention(DType dt, void* out, const void* query, const void* kc,
                       bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
 }
 
+#ifdef ENGINE_VEC_WIDTH
+#include "linear_impl.h"
+
+void linear(DType dt, void* out, const void* x, const void* packed, const void* bias, int64_t M,
+            int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+  if (dt == DType::kFloat32)
+    linear_t(static_cast<float*>(out), static_cast<const float*>(x),
+             static_cast<const float*>(packed), static_cast<const float*>(bias), M, N, K, ldx, ldo);
+  else
+    linear_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+             static_cast<const uint16_t*>(packed), static_cast<const uint16_t*>(bias), M, N, K,
+             ldx, ldo);
+}
+#define ENGINE_LINEAR linear
+#else
+#define ENGINE_LINEAR nullptr
+#endif
+
 const KernelTable table = {
-    ENGINE_STR(ENGINE_ISA), rms_norm, fused_add_rms_norm, silu_and_mul,
-    rotary_embedding,       reshape_and_cache, paged_attention,
+    ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
+    rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
-"""A linear layer whose weight can be prepacked for oneDNN on the CPU: the
-packed layout makes the small-batch GEMMs of decoding 1.4-3x faster than
-F.linear on the same weight."""
+"""A linear layer whose weight is laid out once at load for the way this CPU
+runs it (engine.cpu_features.choose_linear decides): the engine's 16-column
+panels (csrc/cpu/linear_impl.h), oneDNN's prepacked layout, or torch's plain
+[out, in] weight for F.linear."""
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,25 @@ def dtype_name(dtype: torch.dtype) -> str:
 @lru_cache(maxsize=None)
 def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
     """How this CPU runs linear layers of `dtype` (decided once per dtype per process)."""
+    from engine import envs, ops
+
     return cpu_features.choose_linear(dtype_name(dtype), cpu_features.current(),
-                                      cpu_features.TorchLinearSupport.detect())
+                                      cpu_features.TorchLinearSupport.detect(),
+                                      panels=ops.has_panel_linear(),
+                                      requested=envs.cpu_linear())
+
+
+PANEL = 16  # columns per panel: one AVX-512 vector, two AVX2 ones
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N/16), K, 16]: each panel's 16 columns k-major and
+    contiguous, zero-padded past N (the layout csrc/cpu/linear_impl.h reads)."""
+    n, k = weight.shape
+    panels = -(-n // PANEL)
+    padded = weight.new_zeros(panels * PANEL, k)
+    padded[:n] = weight
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
 
 
 def log_cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
@@ -44,16 +62,32 @@ class Linear(nn.Module):
                                    requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype),
                                  requires_grad=False) if bias else None
-        self.packed: torch.Tensor | None = None
+        self.packed: torch.Tensor | None = None   # oneDNN's layout
+        self.panels: torch.Tensor | None = None   # the engine's (pack_panels)
 
-    def prepack(self, batch_hint: int = 16) -> None:
-        """Replace the weight by oneDNN's packed copy (frees the plain one
-        unless another module shares it, as tied embeddings do)."""
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, batch_hint)
+    def prepare(self, mode: str, batch_hint: int = 16) -> None:
+        """Lay the weight out for `mode` (a cpu_features mode); the plain copy is
+        freed unless another module shares it, as tied embeddings do."""
+        if mode == cpu_features.PLAIN:
+            return
+        if mode == cpu_features.PANELS:
+            self.panels = pack_panels(self.weight.data)
+        elif mode == cpu_features.PREPACKED:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, batch_hint)
+        else:
+            raise ValueError(f"unknown linear mode {mode!r}")
+        self.out_features = self.weight.shape[0]
         del self.weight
         self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.panels is not None:
+            x2 = x.reshape(-1, x.shape[-1])
+            if x2.stride(-1) != 1:
+                x2 = x2.contiguous()
+            out = x2.new_empty(x2.shape[0], self.out_features)
+            torch.ops._C.linear(out, x2, self.panels, self.bias)
+            return out.view(*x.shape[:-1], self.out_features)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -76,11 +76,11 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return self.lm_head(x[last_token_index])
 
-    def prepack(self) -> None:
-        """oneDNN-packed weights for every linear layer (CPU)."""
+    def prepare_linear(self, mode: str) -> None:
+        """Every linear layer's weight laid out for `mode` (engine.cpu_features)."""
         for m in self.modules():
             if isinstance(m, Linear):
-                m.prepack()
+                m.prepare(mode)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.attn for layer in self.layers]

@@ -481,6 +481,7 @@ void paged_attention(DType dt, void* out, const void* query, const void* kc,
 const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm, fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,
+    nullptr,  // linear: no NEON panel kernel yet, torch's linear runs
 };
 
 }  // namespace

@@ -1,0 +1,172 @@
+// Small-M linear layers (decode: a few rows against a large weight), included
+// by kernels_impl.cpp inside its anonymous namespace for the x86 vector ISAs.
+//
+// out[M, N] = x[M, K] @ W[N, K]^T (+ bias). The weight is packed once at load
+// into panels of NR = 16 columns, each K x 16 and contiguous ([ceil(N/16), K,
+// 16], zero-padded), so a thread streams its share of the weight front to back
+// exactly once per call whatever M is: at decode the weight is read from
+// memory and that read is the whole cost. Rows of x are converted to float and
+// packed k-major per tile of MR rows, so the microkernel does one weight load
+// (converted from bfloat16 in registers) per MR fused multiply-adds.
+//
+
+constexpr int64_t NR = 16;
+constexpr int64_t NV = NR / W;  // vectors per panel row
+// A tile is up to MR_MAX rows by NP panels. AVX2: 6 rows by one panel (its 16
+// registers hold 6 x 2 accumulators). AVX-512, up to 16 rows (decode): 16 rows
+// by one panel, so the weight is read once; more rows (prefill, compute-bound):
+// 8 rows by two panels side by side, 2 weight loads and 8 broadcasts per 16
+// FMAs instead of 17 loads, which the two load ports could not keep up with.
+// (Measured on the benchmark's Llama, 2 threads: 16 rows 93 ms vs 114 ms a
+// step the other way round; 528 rows 1.94 s vs 2.26 s.)
+struct TileShape {
+  int np, mr_max;
+};
+constexpr TileShape DECODE = {1, W == 16 ? 16 : 6};
+constexpr TileShape PREFILL = {W == 16 ? 2 : 1, W == 16 ? 8 : 6};
+
+// acc[r] = sum_k a[k * MR + r] * panels[j][k, :] for the P panels from `panel`
+// (P * K * NR apart). With few rows, each row gets two accumulator sets (even
+// and odd k) so that FMA latency does not bound it.
+template <int MR, int P, typename T>
+inline void linear_tile(const float* a, const T* panel, int64_t K, float* out_f,
+                        const float* bias) {
+  constexpr int64_t TILE_COLS = P * NR;
+  constexpr int NB = P * NV;  // vectors per k
+  constexpr int KU = MR * NB < 4 ? 2 : 1;
+  VecF acc[KU][MR][NB];
+  for (int u = 0; u < KU; ++u)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NB; ++v) acc[u][r][v] = bias && u == 0 ? vload(bias + v * W) : vset1(0.f);
+  // The hardware prefetcher alone leaves most of the memory bandwidth unused
+  // here; this fetches 4 KiB ahead in each panel, running past a panel's end
+  // into the next one, which is the thread's next.
+  constexpr int64_t ahead = 4096 / (NR * sizeof(T));
+  int64_t k = 0;
+  for (; k + KU <= K; k += KU) {
+#pragma GCC unroll 2
+    for (int u = 0; u < KU; ++u) {
+      VecF b[NB];
+      for (int j = 0; j < P; ++j) {
+        const T* pk = panel + j * K * NR + (k + u) * NR;
+        _mm_prefetch(reinterpret_cast<const char*>(pk + ahead * NR), _MM_HINT_T0);
+        for (int v = 0; v < NV; ++v) b[j * NV + v] = vload(pk + v * W);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        VecF av = vset1(a[(k + u) * MR + r]);
+        for (int v = 0; v < NB; ++v) acc[u][r][v] = vfma(av, b[v], acc[u][r][v]);
+      }
+    }
+  }
+  for (; k < K; ++k) {
+    VecF b[NB];
+    for (int j = 0; j < P; ++j)
+      for (int v = 0; v < NV; ++v) b[j * NV + v] = vload(panel + j * K * NR + k * NR + v * W);
+    for (int r = 0; r < MR; ++r) {
+      VecF av = vset1(a[k * MR + r]);
+      for (int v = 0; v < NB; ++v) acc[0][r][v] = vfma(av, b[v], acc[0][r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NB; ++v) {
+      VecF sum = acc[0][r][v];
+      for (int u = 1; u < KU; ++u) sum = vadd(sum, acc[u][r][v]);
+      vstore(out_f + r * TILE_COLS + v * W, sum);
+    }
+}
+
+template <typename T>
+using TileFn = void (*)(const float*, const T*, int64_t, float*, const float*);
+
+// A switch, not std::integer_sequence: kernels include only C headers (kernels.h).
+template <int P, int MR_MAX, typename T>
+inline TileFn<T> tile_fn(int mr) {
+  switch (mr) {
+#define ENGINE_TILE_CASE(n) \
+  case n:                   \
+    return &linear_tile<(n <= MR_MAX ? n : MR_MAX), P, T>;
+    ENGINE_TILE_CASE(1) ENGINE_TILE_CASE(2) ENGINE_TILE_CASE(3) ENGINE_TILE_CASE(4)
+    ENGINE_TILE_CASE(5) ENGINE_TILE_CASE(6) ENGINE_TILE_CASE(7) ENGINE_TILE_CASE(8)
+    ENGINE_TILE_CASE(9) ENGINE_TILE_CASE(10) ENGINE_TILE_CASE(11) ENGINE_TILE_CASE(12)
+    ENGINE_TILE_CASE(13) ENGINE_TILE_CASE(14) ENGINE_TILE_CASE(15)
+#undef ENGINE_TILE_CASE
+    default:
+      return &linear_tile<MR_MAX, P, T>;
+  }
+}
+
+// The tile's results (floats, TILE_COLS per row) to out, columns [n0, n0 + cols).
+template <typename T>
+inline void store_tile(T* out, int64_t ldo, const float* tile, int64_t tile_cols, int rows,
+                       int64_t n0, int64_t cols) {
+  for (int r = 0; r < rows; ++r) {
+    T* o = out + r * ldo + n0;
+    const float* t = tile + r * tile_cols;
+    int64_t c = 0;
+    for (; c + W <= cols; c += W) vstore(o + c, vload(t + c));
+    for (; c < cols; ++c) o[c] = Elem<T>::store(t[c]);
+  }
+}
+
+template <TileShape S, typename T>
+void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
+                   int64_t K, int64_t ldx, int64_t ldo) {
+  constexpr int NP = S.np, MR_MAX = S.mr_max;
+  constexpr int64_t TILE_COLS = NP * NR;
+  const int64_t panels = (N + NR - 1) / NR;
+  const int64_t groups = (panels + NP - 1) / NP;  // tiles across N
+  const int64_t tiles = (M + MR_MAX - 1) / MR_MAX;
+  // x as floats, k-major per tile of MR_MAX rows (the last tile has M % MR_MAX)
+  float* a = static_cast<float*>(aligned_alloc(64, ((M * K * sizeof(float) + 63) / 64) * 64));
+  float* bias_f = nullptr;
+  if (bias) {
+    bias_f = static_cast<float*>(malloc(sizeof(float) * groups * TILE_COLS));
+    for (int64_t n = 0; n < groups * TILE_COLS; ++n)
+      bias_f[n] = n < N ? Elem<T>::load(bias[n]) : 0.f;
+  }
+  const bool threads = M * N * K >= (int64_t{1} << 18);
+#pragma omp parallel if (threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t m0 = t * MR_MAX;
+      const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+      float* at = a + m0 * K;
+      for (int r = 0; r < mr; ++r) {
+        const T* xr = x + (m0 + r) * ldx;
+        for (int64_t k = 0; k < K; ++k) at[k * mr + r] = Elem<T>::load(xr[k]);
+      }
+    }
+    alignas(64) float tile[MR_MAX * TILE_COLS];
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t p0 = g * NP, np = panels - p0 < NP ? panels - p0 : NP;
+      const T* panel = packed + p0 * K * NR;
+      const int64_t n0 = p0 * NR, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m0 = t * MR_MAX;
+        const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+        const float* b = bias_f ? bias_f + n0 : nullptr;
+        if (np == NP) {
+          tile_fn<NP, MR_MAX, T>(mr)(a + m0 * K, panel, K, tile, b);
+          store_tile(out + m0 * ldo, ldo, tile, TILE_COLS, mr, n0, cols);
+        } else {  // the last, lone panel
+          tile_fn<1, MR_MAX, T>(mr)(a + m0 * K, panel, K, tile, b);
+          store_tile(out + m0 * ldo, ldo, tile, NR, mr, n0, cols);
+        }
+      }
+    }
+  }
+  free(a);
+  free(bias_f);
+}
+
+template <typename T>
+void linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
+              int64_t K, int64_t ldx, int64_t ldo) {
+  if (M <= DECODE.mr_max)
+    linear_shaped<DECODE>(out, x, packed, bias, M, N, K, ldx, ldo);
+  else
+    linear_shaped<PREFILL>(out, x, packed, bias, M, N, K, ldx, ldo);
+}

@@ -517,6 +517,22 @@ void reshape_and_cache_t(const U* key, const U* value, U* key_cache,
 
 // Work item: one (sequence, kv head) pair, covering the `group` query heads
 // that share that kv head, so each key/value row is read once per group.
+#ifdef ENGINE_VEC_WIDTH
+// Rows a few tokens ahead are fetched while this one is computed: a sequence's
+// keys (and values) are scattered over blocks, and one row is only a few lines.
+constexpr int64_t kAttnAhead = 4;
+template <typename T>
+inline void prefetch_row(const T* cache, const int32_t* table, int64_t t, int64_t len,
+                         int64_t block_size, int64_t block_stride, int64_t head_off,
+                         int64_t head_size) {
+  if (t >= len) return;
+  const char* row = reinterpret_cast<const char*>(cache + table[t / block_size] * block_stride +
+                                                  head_off + (t % block_size) * head_size);
+  for (int64_t b = 0; b < head_size * static_cast<int64_t>(sizeof(T)); b += 64)
+    _mm_prefetch(row + b, _MM_HINT_T0);
+}
+#endif
+
 template <typename T>
 void paged_attention_t(T* out, const T* query, const T* key_cache,
                        const T* value_cache, const int32_t* block_tables,
@@ -527,6 +543,9 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
   const int64_t items = seqs * kv_heads;
   const int64_t head_stride = block_size * head_size;  // within a block
   const int64_t block_stride = kv_heads * head_stride;
+#ifdef ENGINE_VEC_WIDTH
+  const bool vec_heads = head_size % (2 * W) == 0;
+#endif
 
 #pragma omp parallel
   {
@@ -554,6 +573,25 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
       for (int64_t i = 0; i < group * head_size; ++i) q[i] = Elem<T>::load(q_s[i]) * scale;
 
       // logits[g, t] = q_g . k_t
+#ifdef ENGINE_VEC_WIDTH
+      if (vec_heads) {
+        for (int64_t t = 0; t < len; ++t) {
+          const T* k = key_cache + table[t / block_size] * block_stride +
+                       kh * head_stride + (t % block_size) * head_size;
+          prefetch_row(key_cache, table, t + kAttnAhead, len, block_size, block_stride,
+                       kh * head_stride, head_size);
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = q + g * head_size;
+            VecF a0 = vset1(0.f), a1 = vset1(0.f);
+            for (int64_t i = 0; i < head_size; i += 2 * W) {
+              a0 = vfma(vload(k + i), vload(qg + i), a0);
+              a1 = vfma(vload(k + i + W), vload(qg + i + W), a1);
+            }
+            logits[g * len + t] = vsum(vadd(a0, a1));
+          }
+        }
+      } else
+#endif
       for (int64_t t = 0; t < len; ++t) {
         const T* k = key_cache + table[t / block_size] * block_stride +
                      kh * head_stride + (t % block_size) * head_size;
@@ -588,6 +626,21 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
 
       // acc[g] = sum_t p[g, t] * v_t
       for (int64_t i = 0; i < group * head_size; ++i) acc[i] = 0.f;
+#ifdef ENGINE_VEC_WIDTH
+      if (vec_heads) {
+        for (int64_t t = 0; t < len; ++t) {
+          const T* v = value_cache + table[t / block_size] * block_stride +
+                       kh * head_stride + (t % block_size) * head_size;
+          prefetch_row(value_cache, table, t + kAttnAhead, len, block_size, block_stride,
+                       kh * head_stride, head_size);
+          for (int64_t g = 0; g < group; ++g) {
+            const VecF p = vset1(logits[g * len + t]);
+            float* ag = acc + g * head_size;
+            for (int64_t i = 0; i < head_size; i += W) vstore(ag + i, vfma(p, vload(v + i), vload(ag + i)));
+          }
+        }
+      } else
+#endif
       for (int64_t t = 0; t < len; ++t) {
         const T* v = value_cache + table[t / block_size] * block_stride +
                      kh * head_stride + (t % block_size) * head_size;

@@ -212,3 +212,44 @@ def test_async_llm_closing_a_stream_aborts_it(tiny):
     assert seq.finish_reason == "abort" and seq.num_output_tokens < 200
     assert [u.finish_reason for u in tail] == [None, None, None, "length"]
     assert core.blocks.num_free == core.blocks.num_blocks and not core.has_unfinished()
+
+
+def _byte_level_tokenizer():
+    """A byte-level BPE whose tokens split multi-byte characters, as GPT-2's do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["héllo wörld, 日本語のテキスト and plain words", "naïve café ünïcode 🙂 emoji"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+@pytest.mark.parametrize("tokenizer", ["byte-level", "tiny"])
+def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer):
+    """The server decodes each token incrementally; what it streams, joined, is
+    the whole output decoded at once, and no piece ends in half a character."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from tokenizers import Tokenizer
+
+    from engine.async_llm import RequestUpdate
+    from engine.entrypoints.openai.api_server import _Text
+    from engine.sampling_params import SamplingParams
+
+    tok = (_byte_level_tokenizer() if tokenizer == "byte-level"
+           else Tokenizer.from_file(str(tiny / "tokenizer.json")))
+    seq = type("Seq", (), {"params": SamplingParams(max_tokens=64)})()
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(st.integers(0, tok.get_vocab_size() - 1), min_size=1, max_size=40))
+    def check(ids):
+        text = _Text(tok, seq)
+        pieces = [text.add(RequestUpdate([i])) for i in ids[:-1]]
+        pieces.append(text.add(RequestUpdate([ids[-1]], "length")))
+        assert "".join(pieces) == tok.decode(ids)
+        assert not any(p.endswith("\ufffd") for p in pieces[:-1])
+
+    check()

@@ -205,17 +205,33 @@ def _usage(seqs) -> dict:
 
 
 class _Text:
-    """One choice's text as tokens arrive: decodes the tokens so far and hands
-    out only what can no longer change (not a partial UTF-8 character, not
-    the start of a stop string)."""
+    """One choice's text as tokens arrive: hands out only what can no longer
+    change (not a partial UTF-8 character, not the start of a stop string).
+    Decoded incrementally, as upstream's detokenizer does: each token decodes
+    the last token or two, not the whole output again."""
 
     def __init__(self, tokenizer, seq, prefix: str = ""):
         self.tokenizer, self.seq = tokenizer, seq
         self.ids: list[int] = []
+        self.text = ""           # the stable text decoded so far
+        self.prefix_offset = 0   # ids[prefix_offset:read_offset] decode to text's tail
+        self.read_offset = 0
         self.sent = 0
         self.prefix = prefix
         self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
         self.finish_reason = None
+
+    def _decode_new(self) -> None:
+        """Append what the new ids add: the decoded window with and without
+        them, so a token whose text depends on its neighbour (a word piece, a
+        leading space) comes out as the full decode has it."""
+        decode, ids = self.tokenizer.decode, self.ids
+        before = decode(ids[self.prefix_offset:self.read_offset]) if (
+            self.read_offset > self.prefix_offset) else ""
+        after = decode(ids[self.prefix_offset:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
 
     def add(self, update) -> str:
         self.ids += update.new_token_ids
@@ -224,10 +240,9 @@ class _Text:
             text = update.text if update.text is not None else self.tokenizer.decode(self.ids)
             end = len(text)
         else:
-            text = self.tokenizer.decode(self.ids)
+            self._decode_new()
+            text = self.text
             end = len(text) - self.hold
-            while end > self.sent and text[end - 1] == "\ufffd":
-                end -= 1
         delta = text[self.sent:end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return delta

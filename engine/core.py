@@ -99,7 +99,10 @@ class EngineCore:
         self.model.eval()
         self.linear_mode = PLAIN
         if platform.device_type == "cpu":
-            self.linear_mode = log_cpu_linear_choice(self.dtype).mode
+            if platform.name == "zen_cpu" and not envs.zentorch_weight_prepack():
+                logger.info("linear layers: plain (VLLM_ZENTORCH_WEIGHT_PREPACK=0)")
+            else:
+                self.linear_mode = log_cpu_linear_choice(self.dtype).mode
             self.model.prepare_linear(self.linear_mode)
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_num_seqs, self.max_num_batched_tokens)

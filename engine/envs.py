@@ -66,6 +66,13 @@ def cpu_linear(env: Mapping[str, str] | None = None) -> str:
     return _choice(_env(env), "VLLM_CPU_LINEAR", CPU_LINEAR_CHOICES, "auto")
 
 
+def zentorch_weight_prepack(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_ZENTORCH_WEIGHT_PREPACK: upstream's switch for AMD Zen (the zen_cpu
+    platform): `1` (default) lays linear weights out at load as VLLM_CPU_LINEAR
+    decides, `0` keeps torch's plain weights (F.linear)."""
+    return _choice(_env(env), "VLLM_ZENTORCH_WEIGHT_PREPACK", ("0", "1"), "1") == "1"
+
+
 def check_bounds(env: Mapping[str, str] | None = None) -> bool:
     """VLLM_CHECK_BOUNDS: `1` also bound-checks index tensors (slots, block tables,
     positions) on GPUs, `0` (default) only on the CPU. On a GPU each check reads

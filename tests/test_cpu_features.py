@@ -125,6 +125,10 @@ def test_vllm_cpu_linear_insists_or_refuses_in_one_line():
     with pytest.raises(envs.EnvError, match="VLLM_CPU_LINEAR='fast' is not valid; use one of: "
                                             "auto, panels, onednn, plain"):
         envs.cpu_linear({"VLLM_CPU_LINEAR": "fast"})
+    with pytest.raises(envs.EnvError, match="VLLM_ZENTORCH_WEIGHT_PREPACK='yes' is not valid"):
+        envs.zentorch_weight_prepack({"VLLM_ZENTORCH_WEIGHT_PREPACK": "yes"})
+    assert envs.zentorch_weight_prepack({}) and not envs.zentorch_weight_prepack(
+        {"VLLM_ZENTORCH_WEIGHT_PREPACK": "0"})
 
 
 def test_linear_choice_follows_what_torch_supports():

@@ -444,3 +444,25 @@ def test_warns_once_when_preload_libraries_are_not_preloaded(tmp_path, monkeypat
         assert "not preloaded" not in caplog.text
     finally:
         preload.warn_if_not_preloaded.cache_clear()
+
+
+@pytest.mark.parametrize("value,want_plain", [("0", True), ("1", False), (None, False)])
+def test_zentorch_weight_prepack_on_amd_zen(checkpoints, monkeypatch, value, want_plain):
+    """Upstream's VLLM_ZENTORCH_WEIGHT_PREPACK: on the zen_cpu platform `0` keeps
+    torch's plain weights; `1` (the default) lays them out as the engine decides."""
+    from engine import core, platforms
+    from engine.cpu_features import PLAIN
+
+    monkeypatch.setattr(core, "current_platform", platforms.ZenCpuPlatform)
+    if value is None:
+        monkeypatch.delenv("VLLM_ZENTORCH_WEIGHT_PREPACK", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ZENTORCH_WEIGHT_PREPACK", value)
+    llm = make_llm(checkpoints["llama"])
+    from engine.layers.linear import cpu_linear_choice
+
+    assert llm.core.linear_mode == (PLAIN if want_plain else cpu_linear_choice(torch.float32).mode)
+    assert (llm.model.layers[0].qkv.weight is not None) == (llm.core.linear_mode == PLAIN)
+    outs = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    for o in outs:
+        assert o.outputs[0].token_ids == hf_greedy(checkpoints["llama"], o.prompt_token_ids, 8)

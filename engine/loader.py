@@ -1,11 +1,17 @@
 """Load a Hugging Face checkpoint's safetensors into LlamaForCausalLM, fusing
-q/k/v and gate/up projections as the model expects."""
+q/k/v and gate/up projections as the model expects.
+
+Tensors are read with plain reads straight into the model's parameters, not
+through a memory map: mapped checkpoint pages would count in the process's
+memory next to the parameters (and the packed copies made at load), doubling
+the peak for a large model."""
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from engine.models.llama import LlamaForCausalLM
 
@@ -33,6 +39,57 @@ def _shard_offsets(layer, name: str) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
 
 
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+           "F64": torch.float64}
+
+
+def _header(f, name: str, size: int) -> dict:
+    """The safetensors header: {tensor: {dtype, shape, data_offsets}}, checked
+    against the file's size so that no read runs past it."""
+    raw = f.read(8)
+    if len(raw) < 8:
+        raise ValueError(f"{name}: not a safetensors file (shorter than its header)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > size - 8:
+        raise ValueError(f"{name}: not a safetensors file (header of {n} bytes)")
+    try:
+        header = json.loads(f.read(n))
+    except ValueError:
+        raise ValueError(f"{name}: not a safetensors file (unreadable header)") from None
+    base = 8 + n
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= size - base:
+            raise ValueError(f"{name}: {key} lies outside the file")
+        info["data_offsets"] = (base + begin, base + end)
+    header.pop("__metadata__", None)
+    return header
+
+
+def _read_into(f, name: str, key: str, info: dict, dest: torch.Tensor) -> None:
+    dtype = _DTYPES.get(info["dtype"])
+    if dtype is None:
+        raise ValueError(f"{name}: {key} has dtype {info['dtype']}; float32, bfloat16, float16 "
+                         "and float64 are supported")
+    shape = tuple(info["shape"])
+    if shape != tuple(dest.shape):
+        raise ValueError(f"{name}: {key} has shape {shape}, the model expects "
+                         f"{tuple(dest.shape)}")
+    begin, end = info["data_offsets"]
+    if end - begin != dest.numel() * dtype.itemsize:
+        raise ValueError(f"{name}: {key} holds {end - begin} bytes, not {shape} of {dtype}")
+    target = dest if dest.dtype == dtype and dest.is_contiguous() else torch.empty(
+        shape, dtype=dtype)
+    f.seek(begin)
+    buf = memoryview(target.view(-1).view(torch.uint8).numpy())
+    if f.readinto(buf) != len(buf):
+        raise ValueError(f"{name}: {key} is cut short")
+    if target is not dest:
+        dest.copy_(target)
+
+
 def load_weights(model: LlamaForCausalLM, path: Path) -> None:
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
@@ -40,19 +97,16 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
     loaded: set[str] = set()
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for f in files:
-            with safe_open(str(f), framework="pt") as st:
-                for key in st.keys():
-                    tensor = st.get_tensor(key)
+        for file in files:
+            with open(file, "rb", buffering=0) as f:
+                header = _header(f, file.name, file.stat().st_size)
+                for key, info in header.items():
                     target, rows = _target(model, key)
                     if target is None:
                         continue
                     dest = params[target] if isinstance(target, str) else target
                     view = dest if rows is None else dest[rows[0]:rows[1]]
-                    if view.shape != tensor.shape:
-                        raise ValueError(f"{f.name}: {key} has shape {tuple(tensor.shape)}, "
-                                         f"the model expects {tuple(view.shape)}")
-                    view.copy_(tensor)
+                    _read_into(f, file.name, key, info, view)
                     loaded.add(target if isinstance(target, str) else key)
     missing = [n for n in params if n not in loaded]
     if missing:

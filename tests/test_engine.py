@@ -466,3 +466,25 @@ def test_zentorch_weight_prepack_on_amd_zen(checkpoints, monkeypatch, value, wan
     outs = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     for o in outs:
         assert o.outputs[0].token_ids == hf_greedy(checkpoints["llama"], o.prompt_token_ids, 8)
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line(checkpoints, tmp_path):
+    """Weights are read straight into the parameters (no memory map); a header
+    that points past the file's end, or a file cut short, is named, not read."""
+    import shutil
+
+    src = Path(checkpoints["llama"])
+    for case in ("truncated", "header"):
+        d = tmp_path / case
+        shutil.copytree(src, d)
+        st = next(d.glob("*.safetensors"))
+        data = st.read_bytes()
+        if case == "truncated":
+            st.write_bytes(data[: len(data) - 1000])
+            want = "lies outside the file"
+        else:
+            st.write_bytes(data[:8] + b"{" * (len(data) - 8))
+            want = "not a safetensors file"
+        with pytest.raises(ValueError, match=want) as exc:
+            make_llm(d)
+        assert "\n" not in str(exc.value) and st.name in str(exc.value)

@@ -19,6 +19,7 @@ from engine.loader import load_weights
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.model_source import resolve_model
 from engine.models.llama import LlamaForCausalLM
+from engine.platforms import ZenCpuPlatform
 from engine.platforms import current as current_platform
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -99,7 +100,7 @@ class EngineCore:
         self.model.eval()
         self.linear_mode = PLAIN
         if platform.device_type == "cpu":
-            if platform.name == "zen_cpu" and not envs.zentorch_weight_prepack():
+            if isinstance(platform, ZenCpuPlatform) and not envs.zentorch_weight_prepack():
                 logger.info("linear layers: plain (VLLM_ZENTORCH_WEIGHT_PREPACK=0)")
             else:
                 self.linear_mode = log_cpu_linear_choice(self.dtype).mode

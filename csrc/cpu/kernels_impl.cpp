@@ -517,6 +517,13 @@ void reshape_and_cache_t(const U* key, const U* value, U* key_cache,
 
 // Work item: one (sequence, kv head) pair, covering the `group` query heads
 // that share that kv head, so each key/value row is read once per group.
+// Token t's row of one kv head (at head_off within a block) in a paged cache.
+template <typename T>
+inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64_t block_size,
+                          int64_t block_stride, int64_t head_off, int64_t head_size) {
+  return cache + table[t / block_size] * block_stride + head_off + (t % block_size) * head_size;
+}
+
 #ifdef ENGINE_VEC_WIDTH
 // Rows a few tokens ahead are fetched while this one is computed: a sequence's
 // keys (and values) are scattered over blocks, and one row is only a few lines.
@@ -526,8 +533,8 @@ inline void prefetch_row(const T* cache, const int32_t* table, int64_t t, int64_
                          int64_t block_size, int64_t block_stride, int64_t head_off,
                          int64_t head_size) {
   if (t >= len) return;
-  const char* row = reinterpret_cast<const char*>(cache + table[t / block_size] * block_stride +
-                                                  head_off + (t % block_size) * head_size);
+  const char* row = reinterpret_cast<const char*>(
+      cache_row(cache, table, t, block_size, block_stride, head_off, head_size));
   for (int64_t b = 0; b < head_size * static_cast<int64_t>(sizeof(T)); b += 64)
     _mm_prefetch(row + b, _MM_HINT_T0);
 }
@@ -576,8 +583,8 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
 #ifdef ENGINE_VEC_WIDTH
       if (vec_heads) {
         for (int64_t t = 0; t < len; ++t) {
-          const T* k = key_cache + table[t / block_size] * block_stride +
-                       kh * head_stride + (t % block_size) * head_size;
+          const T* k = cache_row(key_cache, table, t, block_size, block_stride,
+                                    kh * head_stride, head_size);
           prefetch_row(key_cache, table, t + kAttnAhead, len, block_size, block_stride,
                        kh * head_stride, head_size);
           for (int64_t g = 0; g < group; ++g) {
@@ -593,8 +600,8 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
       } else
 #endif
       for (int64_t t = 0; t < len; ++t) {
-        const T* k = key_cache + table[t / block_size] * block_stride +
-                     kh * head_stride + (t % block_size) * head_size;
+        const T* k = cache_row(key_cache, table, t, block_size, block_stride,
+                                  kh * head_stride, head_size);
 #pragma omp simd
         for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(k[i]);
         for (int64_t g = 0; g < group; ++g) {
@@ -629,8 +636,8 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
 #ifdef ENGINE_VEC_WIDTH
       if (vec_heads) {
         for (int64_t t = 0; t < len; ++t) {
-          const T* v = value_cache + table[t / block_size] * block_stride +
-                       kh * head_stride + (t % block_size) * head_size;
+          const T* v = cache_row(value_cache, table, t, block_size, block_stride,
+                                    kh * head_stride, head_size);
           prefetch_row(value_cache, table, t + kAttnAhead, len, block_size, block_stride,
                        kh * head_stride, head_size);
           for (int64_t g = 0; g < group; ++g) {
@@ -642,8 +649,8 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
       } else
 #endif
       for (int64_t t = 0; t < len; ++t) {
-        const T* v = value_cache + table[t / block_size] * block_stride +
-                     kh * head_stride + (t % block_size) * head_size;
+        const T* v = cache_row(value_cache, table, t, block_size, block_stride,
+                                  kh * head_stride, head_size);
 #pragma omp simd
         for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(v[i]);
         for (int64_t g = 0; g < group; ++g) {

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import cpu_features
+from engine import cpu_features, ops
 
 logger = logging.getLogger("engine")
 
@@ -26,7 +26,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 @lru_cache(maxsize=None)
 def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
     """How this CPU runs linear layers of `dtype` (decided once per dtype per process)."""
-    from engine import envs, ops
+    from engine import envs
 
     return cpu_features.choose_linear(dtype_name(dtype), cpu_features.current(),
                                       cpu_features.TorchLinearSupport.detect(),
@@ -86,7 +86,7 @@ class Linear(nn.Module):
             if x2.stride(-1) != 1:
                 x2 = x2.contiguous()
             out = x2.new_empty(x2.shape[0], self.out_features)
-            torch.ops._C.linear(out, x2, self.panels, self.bias)
+            ops.linear(out, x2, self.panels, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -41,6 +41,7 @@ std::string select_isa(const std::string& name);
 std::string compiled_isas();
 // Whether the kernel table in use has the packed linear kernel.
 bool has_linear();
+bool has_linear_bf16_pairs();
 void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
             const std::optional<at::Tensor>& bias);
 }  // namespace cpu

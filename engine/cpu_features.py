@@ -125,6 +125,10 @@ def choose_isa(requested: str, features: CpuFeatures, compiled: Iterable[str]) -
 
 # --- linear layers ---------------------------------------------------------
 
+# The x86 flag for AVX512_BF16 dot products (vdpbf16ps): the AVX-512 panel
+# kernel multiplies bfloat16 weights with them where the CPU has it.
+BF16_DOT_FLAG = "avx512_bf16"
+
 PREPACKED = "onednn-prepacked"
 PANELS = "engine-panels"
 PLAIN = "plain"
@@ -194,8 +198,11 @@ def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearS
     if dtype == "bfloat16" and onednn.mode == PREPACKED and "amx_bf16" in features.flags:
         return LinearChoice(PREPACKED, "the CPU has AMX, and oneDNN's bfloat16 path computes "
                                        "with it")
+    dot = (" and multiplies them in pairs with AVX512_BF16 dot products"
+           if dtype == "bfloat16" and BF16_DOT_FLAG in features.flags
+           and features.supports("avx512") else "")
     return LinearChoice(PANELS, f"the engine's panel kernel streams {dtype} weights at "
-                                "decode faster than oneDNN or F.linear")
+                                f"decode faster than oneDNN or F.linear{dot}")
 
 
 def _onednn_choice(dtype: str, features: CpuFeatures, torch_support: TorchLinearSupport

@@ -62,14 +62,26 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
            bias: torch.Tensor | None) -> None:
     """out[M, N] = input[M, K] @ W^T (+ bias), W packed by
-    engine.layers.linear.pack_panels as [ceil(N/16), K, 16] (CPU only: see
-    has_panel_linear)."""
+    engine.layers.linear.pack_panels as [ceil(N/16), K, 16], or for bfloat16
+    in k pairs as [ceil(N/16), ceil(K/2), 32] where panel_k_pack says so (CPU
+    only: see has_panel_linear)."""
     _ops.linear(out, input, packed_weight, bias)
 
 
 def has_panel_linear() -> bool:
     """Whether the CPU code path in use has the panel linear kernel (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_linear())
+
+
+def panel_k_pack(dtype: torch.dtype) -> int:
+    """k values per step of the panel layout the kernel in use reads for
+    `dtype`: 2 for bfloat16 where the CPU has AVX512_BF16 dot products (and
+    VLLM_CPU_MAX_ISA does not hide them), else 1."""
+    from engine import cpu_features
+
+    return 2 if (dtype == torch.bfloat16 and has_panel_linear()
+                 and cpu_features.BF16_DOT_FLAG in cpu_features.current().flags
+                 and bool(torch.ops._C.cpu_has_linear_bf16_pairs())) else 1
 
 
 def cpu_isa() -> str | None:

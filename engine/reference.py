@@ -93,7 +93,11 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
            bias: torch.Tensor | None) -> None:
-    """The panel kernel's reference: unpack [ceil(N/16), K, 16] and F.linear in float32."""
-    n = out.shape[1]
-    w = packed_weight.transpose(1, 2).reshape(-1, packed_weight.shape[1])[:n]
+    """The panel kernel's reference: unpack [ceil(N/16), K, 16] (or its k pairs,
+    [ceil(N/16), ceil(K/2), 32]) and F.linear in float32."""
+    n, k = out.shape[1], input.shape[1]
+    panels, steps, width = packed_weight.shape
+    k_pack = width // 16
+    w = (packed_weight.view(panels, steps, 16, k_pack).permute(0, 2, 1, 3)
+         .reshape(panels * 16, steps * k_pack)[:n, :k])
     out.copy_(F.linear(input.float(), w.float(), None if bias is None else bias.float()))

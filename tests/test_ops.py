@@ -273,7 +273,13 @@ def test_bad_input_messages_for_other_ops():
                               torch.tensor([0, 1]))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+# Weight layouts: k-major for both dtypes, and k pairs (AVX512_BF16) for bfloat16.
+LINEAR_LAYOUTS = [pytest.param(torch.float32, 1, id="float32-k-major"),
+                  pytest.param(torch.bfloat16, 1, id="bfloat16-k-major"),
+                  pytest.param(torch.bfloat16, 2, id="bfloat16-k-pairs")]
+
+
+@pytest.mark.parametrize("dtype,k_pack", LINEAR_LAYOUTS)
 @pytest.mark.parametrize("m,k,n,bias", [
     (1, 7, 5, False),        # one row, a lone partial panel
     (3, 128, 2006, True),    # a partial last panel (a vocabulary)
@@ -281,16 +287,19 @@ def test_bad_input_messages_for_other_ops():
     (17, 33, 100, True),     # the first prefill-shaped call, odd K
     (40, 256, 48, False),    # an odd number of panels: the lone-panel tile
 ])
-def test_linear(isa, dtype, m, k, n, bias):
+def test_linear(isa, dtype, m, k, n, bias, k_pack):
     if isa == "none" or not ops.has_panel_linear():
         pytest.skip(f"the {isa} code path has no panel linear kernel (torch's linear runs)")
+    if k_pack == 2 and ops.panel_k_pack(dtype) != 2:
+        pytest.skip(f"the AVX512_BF16 pair kernel not run: the {isa} code path on this CPU "
+                    "has no AVX512_BF16 (or VLLM_CPU_MAX_ISA hides it)")
     from engine.layers.linear import pack_panels
 
     g = torch.Generator().manual_seed(m * k + n)
     x = torch.randn(m, k, generator=g).to(dtype)
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
     b = torch.randn(n, generator=g).to(dtype) if bias else None
-    packed = pack_panels(w)
+    packed = pack_panels(w, k_pack)
     out, want = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
     ops.linear(out, x, packed, b)
     reference.linear(want, x, packed, b)
@@ -310,3 +319,21 @@ def test_linear_refuses_a_weight_that_does_not_fit(isa):
         ops.linear(torch.empty(2, 50), torch.randn(2, 8), packed, None)
     with pytest.raises(ValueError, match=r"packed_weight must be contiguous \[ceil\(N/16\), 9, 16\]"):
         ops.linear(torch.empty(2, 40), torch.randn(2, 9), packed, None)
+    pairs = pack_panels(torch.randn(40, 8), k_pack=2)
+    with pytest.raises(ValueError, match="k pairs is bfloat16 only"):
+        ops.linear(torch.empty(2, 40), torch.randn(2, 8), pairs, None)
+
+
+def test_linear_refuses_pairs_where_the_cpu_lacks_avx512_bf16(isa):
+    """A weight packed in k pairs on a code path without AVX512_BF16 (here: any
+    path but avx512 on such a CPU) is refused in one line, never misread."""
+    if isa == "none" or not ops.has_panel_linear():
+        pytest.skip(f"the {isa} code path has no panel linear kernel")
+    if ops.panel_k_pack(torch.bfloat16) == 2:
+        pytest.skip(f"the {isa} code path runs the AVX512_BF16 pair kernel here")
+    from engine.layers.linear import pack_panels
+
+    pairs = pack_panels(torch.randn(40, 8).bfloat16(), k_pack=2)
+    with pytest.raises(RuntimeError, match="packed in k pairs for AVX512_BF16"):
+        ops.linear(torch.empty(2, 40, dtype=torch.bfloat16), torch.randn(2, 8).bfloat16(),
+                   pairs, None)

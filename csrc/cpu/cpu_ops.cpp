@@ -94,10 +94,17 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
                     ": input must be 2-D with a contiguous last dimension, got shape ",
                     input.sizes(), " and strides ", input.strides());
   const int64_t M = input.size(0), K = input.size(1);
-  TORCH_CHECK_VALUE(packed_weight.dim() == 3 && packed_weight.size(1) == K &&
-                        packed_weight.size(2) == 16 && packed_weight.is_contiguous(),
+  // The panel width says the layout: 16 k-major columns, or 16 columns by k
+  // pairs (32 values a step) for the AVX512_BF16 kernel.
+  const bool pairs = packed_weight.dim() == 3 && packed_weight.size(2) == 32;
+  const int64_t steps = pairs ? (K + 1) / 2 : K;
+  TORCH_CHECK_VALUE(packed_weight.dim() == 3 && packed_weight.size(1) == steps &&
+                        (packed_weight.size(2) == 16 || pairs) && packed_weight.is_contiguous(),
                     op, ": packed_weight must be contiguous [ceil(N/16), ", K,
-                    ", 16] (engine.layers.linear.pack_panels), got shape ", packed_weight.sizes());
+                    ", 16] or, in k pairs, [ceil(N/16), ", (K + 1) / 2,
+                    ", 32] (engine.layers.linear.pack_panels), got shape ", packed_weight.sizes());
+  TORCH_CHECK_VALUE(!pairs || dt == at::kBFloat16, op,
+                    ": a weight packed in k pairs is bfloat16 only, got ", dt);
   TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == M && out.stride(1) == 1, op,
                     ": out must be [", M, ", N] with a contiguous last dimension, got shape ",
                     out.sizes());
@@ -115,7 +122,15 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
   const auto& table = kernels();
   TORCH_CHECK(table.linear != nullptr, op, ": the ", table.isa,
               " kernels have no linear; use torch's (engine.layers.linear decides)");
+  TORCH_CHECK(!pairs || has_linear_bf16_pairs(), op, ": the weight is packed in k pairs for "
+              "AVX512_BF16, which the ", table.isa, " code path on this CPU lacks; pack it "
+              "with engine.layers.linear.pack_panels(weight, ops.panel_k_pack(dtype))");
   if (M == 0 || N == 0) return;
+  if (pairs) {
+    table.linear_bf16_pairs(out.data_ptr(), input.const_data_ptr(), packed_weight.const_data_ptr(),
+                            b, M, N, K, input.stride(0), out.stride(0));
+    return;
+  }
   table.linear(kdt(dt), out.data_ptr(), input.const_data_ptr(), packed_weight.const_data_ptr(),
                b, M, N, K, input.stride(0), out.stride(0));
 }

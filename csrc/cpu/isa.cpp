@@ -29,6 +29,10 @@ bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
+bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
 #endif
 
 #if defined(__aarch64__)
@@ -108,6 +112,14 @@ const engine_cpu::KernelTable& kernels() {
 }
 
 std::string isa() { return kernels().isa; }
+
+bool has_linear_bf16_pairs() {
+#if defined(__x86_64__)
+  return kernels().linear_bf16_pairs != nullptr && cpu_has_avx512_bf16();
+#else
+  return false;
+#endif
+}
 
 std::string select_isa(const std::string& name) {
   const engine_cpu::KernelTable* t = name == "auto" ? auto_table() : table_for(name);

@@ -68,6 +68,14 @@ struct KernelTable {
   void (*linear)(DType dt, void* out, const void* x, const void* packed,
                  const void* bias, int64_t M, int64_t N, int64_t K, int64_t ldx,
                  int64_t ldo);
+
+  // The same for bfloat16 with W packed in k pairs, [ceil(N/16), ceil(K/2),
+  // 16, 2], multiplied with AVX512_BF16's dot products. Null where not
+  // compiled; where compiled, callable only if the CPU has AVX512_BF16
+  // (isa.cpp's has_linear_bf16_pairs checks both).
+  void (*linear_bf16_pairs)(void* out, const void* x, const void* packed,
+                            const void* bias, int64_t M, int64_t N, int64_t K,
+                            int64_t ldx, int64_t ldo);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is

@@ -763,21 +763,35 @@ void paged_attention(DType dt, void* out, const void* query, const void* kc,
 void linear(DType dt, void* out, const void* x, const void* packed, const void* bias, int64_t M,
             int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
   if (dt == DType::kFloat32)
-    linear_t(static_cast<float*>(out), static_cast<const float*>(x),
-             static_cast<const float*>(packed), static_cast<const float*>(bias), M, N, K, ldx, ldo);
+    linear_t<FmaTile<float>>(static_cast<float*>(out), static_cast<const float*>(x),
+                             static_cast<const float*>(packed), static_cast<const float*>(bias),
+                             M, N, K, ldx, ldo);
   else
-    linear_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
-             static_cast<const uint16_t*>(packed), static_cast<const uint16_t*>(bias), M, N, K,
-             ldx, ldo);
+    linear_t<FmaTile<uint16_t>>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+                                static_cast<const uint16_t*>(packed),
+                                static_cast<const uint16_t*>(bias), M, N, K, ldx, ldo);
 }
 #define ENGINE_LINEAR linear
 #else
 #define ENGINE_LINEAR nullptr
 #endif
 
+#if ENGINE_VEC_WIDTH == 16
+void linear_bf16_pairs(void* out, const void* x, const void* packed, const void* bias, int64_t M,
+                       int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+  linear_t<Bf16PairTile>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+                         static_cast<const uint16_t*>(packed), static_cast<const uint16_t*>(bias),
+                         M, N, K, ldx, ldo);
+}
+#define ENGINE_LINEAR_BF16_PAIRS linear_bf16_pairs
+#else
+#define ENGINE_LINEAR_BF16_PAIRS nullptr
+#endif
+
 const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
+    ENGINE_LINEAR_BF16_PAIRS,
 };
 
 }  // namespace

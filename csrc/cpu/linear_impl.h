@@ -10,7 +10,7 @@
 // (converted from bfloat16 in registers) per MR fused multiply-adds.
 //
 
-constexpr int64_t NR = 16;
+constexpr int64_t NR = 16;  // engine.layers.linear.PANEL
 constexpr int64_t NV = NR / W;  // vectors per panel row
 // A tile is up to MR_MAX rows by NP panels. AVX2: 6 rows by one panel (its 16
 // registers hold 6 x 2 accumulators). AVX-512, up to 16 rows (decode): 16 rows
@@ -76,23 +76,37 @@ inline void linear_tile(const float* a, const T* panel, int64_t K, float* out_f,
     }
 }
 
+// How rows of x are laid out for a tile and which microkernel reads them.
+// FmaTile: x as floats, one k a step, the weight converted to float in
+// registers (float32 and bfloat16 on AVX2 and AVX-512).
 template <typename T>
-using TileFn = void (*)(const float*, const T*, int64_t, float*, const float*);
+struct FmaTile {
+  using A = float;
+  static constexpr int64_t KP = 1;  // k values a step
+  static A load_a(const T* xr, int64_t k, int64_t) { return Elem<T>::load(xr[k]); }
+  template <int MR, int P>
+  static void run(const A* a, const T* panel, int64_t steps, float* out_f, const float* bias) {
+    linear_tile<MR, P, T>(a, panel, steps, out_f, bias);
+  }
+};
+
+template <typename Tile, typename T>
+using TileFn = void (*)(const typename Tile::A*, const T*, int64_t, float*, const float*);
 
 // A switch, not std::integer_sequence: kernels include only C headers (kernels.h).
-template <int P, int MR_MAX, typename T>
-inline TileFn<T> tile_fn(int mr) {
+template <typename Tile, int P, int MR_MAX, typename T>
+inline TileFn<Tile, T> tile_fn(int mr) {
   switch (mr) {
 #define ENGINE_TILE_CASE(n) \
   case n:                   \
-    return &linear_tile<(n <= MR_MAX ? n : MR_MAX), P, T>;
+    return &Tile::template run<(n <= MR_MAX ? n : MR_MAX), P>;
     ENGINE_TILE_CASE(1) ENGINE_TILE_CASE(2) ENGINE_TILE_CASE(3) ENGINE_TILE_CASE(4)
     ENGINE_TILE_CASE(5) ENGINE_TILE_CASE(6) ENGINE_TILE_CASE(7) ENGINE_TILE_CASE(8)
     ENGINE_TILE_CASE(9) ENGINE_TILE_CASE(10) ENGINE_TILE_CASE(11) ENGINE_TILE_CASE(12)
     ENGINE_TILE_CASE(13) ENGINE_TILE_CASE(14) ENGINE_TILE_CASE(15)
 #undef ENGINE_TILE_CASE
     default:
-      return &linear_tile<MR_MAX, P, T>;
+      return &Tile::template run<MR_MAX, P>;
   }
 }
 
@@ -109,16 +123,20 @@ inline void store_tile(T* out, int64_t ldo, const float* tile, int64_t tile_cols
   }
 }
 
-template <TileShape S, typename T>
+// The weight holds Tile::KP k values per step: [ceil(N/16), steps, 16, KP].
+template <TileShape S, typename Tile, typename T>
 void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
                    int64_t K, int64_t ldx, int64_t ldo) {
+  using A = typename Tile::A;
   constexpr int NP = S.np, MR_MAX = S.mr_max;
   constexpr int64_t TILE_COLS = NP * NR;
+  const int64_t steps = (K + Tile::KP - 1) / Tile::KP;
+  const int64_t panel_size = steps * Tile::KP * NR;  // elements of T
   const int64_t panels = (N + NR - 1) / NR;
   const int64_t groups = (panels + NP - 1) / NP;  // tiles across N
   const int64_t tiles = (M + MR_MAX - 1) / MR_MAX;
-  // x as floats, k-major per tile of MR_MAX rows (the last tile has M % MR_MAX)
-  float* a = static_cast<float*>(aligned_alloc(64, ((M * K * sizeof(float) + 63) / 64) * 64));
+  // x step-major per tile of MR_MAX rows (the last tile has M % MR_MAX)
+  A* a = static_cast<A*>(aligned_alloc(64, ((M * steps * sizeof(A) + 63) / 64) * 64));
   float* bias_f = nullptr;
   if (bias) {
     bias_f = static_cast<float*>(malloc(sizeof(float) * groups * TILE_COLS));
@@ -132,27 +150,27 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t m0 = t * MR_MAX;
       const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-      float* at = a + m0 * K;
+      A* at = a + m0 * steps;
       for (int r = 0; r < mr; ++r) {
         const T* xr = x + (m0 + r) * ldx;
-        for (int64_t k = 0; k < K; ++k) at[k * mr + r] = Elem<T>::load(xr[k]);
+        for (int64_t k = 0; k < steps; ++k) at[k * mr + r] = Tile::load_a(xr, k, K);
       }
     }
     alignas(64) float tile[MR_MAX * TILE_COLS];
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t p0 = g * NP, np = panels - p0 < NP ? panels - p0 : NP;
-      const T* panel = packed + p0 * K * NR;
+      const T* panel = packed + p0 * panel_size;
       const int64_t n0 = p0 * NR, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m0 = t * MR_MAX;
         const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
         const float* b = bias_f ? bias_f + n0 : nullptr;
         if (np == NP) {
-          tile_fn<NP, MR_MAX, T>(mr)(a + m0 * K, panel, K, tile, b);
+          tile_fn<Tile, NP, MR_MAX, T>(mr)(a + m0 * steps, panel, steps, tile, b);
           store_tile(out + m0 * ldo, ldo, tile, TILE_COLS, mr, n0, cols);
         } else {  // the last, lone panel
-          tile_fn<1, MR_MAX, T>(mr)(a + m0 * K, panel, K, tile, b);
+          tile_fn<Tile, 1, MR_MAX, T>(mr)(a + m0 * steps, panel, steps, tile, b);
           store_tile(out + m0 * ldo, ldo, tile, NR, mr, n0, cols);
         }
       }
@@ -162,11 +180,81 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
   free(bias_f);
 }
 
-template <typename T>
+template <typename Tile, typename T>
 void linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
               int64_t K, int64_t ldx, int64_t ldo) {
   if (M <= DECODE.mr_max)
-    linear_shaped<DECODE>(out, x, packed, bias, M, N, K, ldx, ldo);
+    linear_shaped<DECODE, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
   else
-    linear_shaped<PREFILL>(out, x, packed, bias, M, N, K, ldx, ldo);
+    linear_shaped<PREFILL, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
 }
+
+#if ENGINE_VEC_WIDTH == 16
+// bfloat16 on CPUs with AVX512_BF16 (Zen 4 and later, Cooper Lake, Sapphire
+// Rapids): vdpbf16ps multiplies two bfloat16 pairs a lane and adds both
+// products to a float accumulator, exactly (bfloat16 products fit a float),
+// so one instruction does the work of two FMAs and the weight is never
+// converted. The weight holds k pairs: [ceil(N/16), ceil(K/2), 16, 2], one
+// 64-byte vector a pair of k for 16 columns; x is broadcast a pair at a time.
+// Only these functions are compiled for AVX512_BF16 (the rest of this code
+// path runs on any AVX-512 CPU); the caller checks the CPU first.
+#define ENGINE_BF16_DOT __attribute__((target("avx512bf16")))
+
+template <int MR, int P>
+ENGINE_BF16_DOT void linear_tile_pairs(const uint32_t* a, const uint16_t* panel, int64_t steps,
+                                       float* out_f, const float* bias) {
+  constexpr int64_t TILE_COLS = P * NR, STEP = 2 * NR;
+  constexpr int KU = MR * P < 4 ? 2 : 1;
+  __m512 acc[KU][MR][P];
+  for (int u = 0; u < KU; ++u)
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < P; ++j)
+        acc[u][r][j] = bias && u == 0 ? _mm512_loadu_ps(bias + j * NR) : _mm512_setzero_ps();
+  constexpr int64_t ahead = 4096 / (STEP * sizeof(uint16_t));  // as linear_tile
+  int64_t k = 0;
+  for (; k + KU <= steps; k += KU) {
+#pragma GCC unroll 2
+    for (int u = 0; u < KU; ++u) {
+      __m512bh b[P];
+      for (int j = 0; j < P; ++j) {
+        const uint16_t* pk = panel + j * steps * STEP + (k + u) * STEP;
+        _mm_prefetch(reinterpret_cast<const char*>(pk + ahead * STEP), _MM_HINT_T0);
+        b[j] = (__m512bh)_mm512_loadu_si512(pk);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[(k + u) * MR + r]));
+        for (int j = 0; j < P; ++j) acc[u][r][j] = _mm512_dpbf16_ps(acc[u][r][j], av, b[j]);
+      }
+    }
+  }
+  for (; k < steps; ++k) {
+    for (int j = 0; j < P; ++j) {
+      __m512bh b = (__m512bh)_mm512_loadu_si512(panel + j * steps * STEP + k * STEP);
+      for (int r = 0; r < MR; ++r)
+        acc[0][r][j] = _mm512_dpbf16_ps(
+            acc[0][r][j], (__m512bh)_mm512_set1_epi32(static_cast<int>(a[k * MR + r])), b);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < P; ++j) {
+      __m512 sum = acc[0][r][j];
+      for (int u = 1; u < KU; ++u) sum = _mm512_add_ps(sum, acc[u][r][j]);
+      _mm512_storeu_ps(out_f + r * TILE_COLS + j * NR, sum);
+    }
+}
+
+struct Bf16PairTile {
+  using A = uint32_t;  // x[k] in the low half, x[k + 1] in the high one
+  static constexpr int64_t KP = 2;
+  static A load_a(const uint16_t* xr, int64_t step, int64_t K) {
+    const int64_t k = 2 * step;
+    return uint32_t{xr[k]} | (k + 1 < K ? uint32_t{xr[k + 1]} << 16 : 0u);
+  }
+  template <int MR, int P>
+  static void run(const A* a, const uint16_t* panel, int64_t steps, float* out_f,
+                  const float* bias) {
+    linear_tile_pairs<MR, P>(a, panel, steps, out_f, bias);
+  }
+};
+#endif

@@ -37,14 +37,18 @@ def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
 PANEL = 16  # columns per panel: one AVX-512 vector, two AVX2 ones
 
 
-def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+def pack_panels(weight: torch.Tensor, k_pack: int = 1) -> torch.Tensor:
     """[N, K] -> [ceil(N/16), K, 16]: each panel's 16 columns k-major and
-    contiguous, zero-padded past N (the layout csrc/cpu/linear_impl.h reads)."""
+    contiguous, zero-padded past N (the layout csrc/cpu/linear_impl.h reads).
+    k_pack=2 (bfloat16 for AVX512_BF16, engine.ops.panel_k_pack): k in pairs,
+    [ceil(N/16), ceil(K/2), 16 * 2], each column's k and k+1 side by side,
+    zero-padded past K."""
     n, k = weight.shape
-    panels = -(-n // PANEL)
-    padded = weight.new_zeros(panels * PANEL, k)
-    padded[:n] = weight
-    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+    panels, steps = -(-n // PANEL), -(-k // k_pack)
+    padded = weight.new_zeros(panels * PANEL, steps * k_pack)
+    padded[:n, :k] = weight
+    return (padded.view(panels, PANEL, steps, k_pack).permute(0, 2, 1, 3)
+            .reshape(panels, steps, PANEL * k_pack).contiguous())
 
 
 def log_cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
@@ -71,7 +75,7 @@ class Linear(nn.Module):
         if mode == cpu_features.PLAIN:
             return
         if mode == cpu_features.PANELS:
-            self.panels = pack_panels(self.weight.data)
+            self.panels = pack_panels(self.weight.data, ops.panel_k_pack(self.weight.dtype))
         elif mode == cpu_features.PREPACKED:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, batch_hint)
         else:

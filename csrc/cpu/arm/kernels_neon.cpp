@@ -482,6 +482,7 @@ const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm, fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,
     nullptr,  // linear: no NEON panel kernel yet, torch's linear runs
+    nullptr,  // linear_bf16_pairs (x86 AVX512_BF16 only)
 };
 
 }  // namespace

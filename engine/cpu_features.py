@@ -30,8 +30,10 @@ ARM_ISAS = ("neon_bf16", "neon")
 ISA_ORDER = ("avx512", "avx2", "neon_bf16", "neon", "generic")
 
 # Flags above each cap level: removed from the probe when VLLM_CPU_MAX_ISA caps it.
+_ABOVE_AVX512 = ("avx512_bf16", "avx512_fp16", "amx", "avx_ne_convert", "avx10")
 _ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ne_convert", "avx_ifma", "avx10")
 _ABOVE_GENERIC = _ABOVE_AVX2 + ("avx", "fma", "f16c")
+_ABOVE = {"avx512": _ABOVE_AVX512, "avx2": _ABOVE_AVX2, "generic": _ABOVE_GENERIC}
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,10 @@ class CpuFeatures:
 
 
 def cap_flags(flags: Iterable[str], cap: str | None) -> frozenset[str]:
-    """Drop every flag above `cap` (avx2 or generic); `None` keeps them all."""
+    """Drop every flag above `cap` (avx512, avx2 or generic); `None` keeps them all."""
     if cap is None:
         return frozenset(flags)
-    above = _ABOVE_AVX2 if cap == "avx2" else _ABOVE_GENERIC
-    return frozenset(f for f in flags if not f.startswith(above))
+    return frozenset(f for f in flags if not f.startswith(_ABOVE[cap]))
 
 
 def read_flags(root: Path) -> frozenset[str]:

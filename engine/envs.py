@@ -11,7 +11,7 @@ import re
 from typing import Mapping
 
 CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "neon_bf16", "neon", "generic")
-CPU_MAX_ISA_CHOICES = ("avx2", "generic")
+CPU_MAX_ISA_CHOICES = ("avx512", "avx2", "generic")
 CPU_LINEAR_CHOICES = ("auto", "panels", "onednn", "plain")
 DEFAULT_KVCACHE_GIB = 4.0
 
@@ -46,9 +46,11 @@ def cpu_isa(env: Mapping[str, str] | None = None) -> str:
 
 def cpu_max_isa(env: Mapping[str, str] | None = None) -> str | None:
     """VLLM_CPU_MAX_ISA: make every CPU capability probe of the engine report at
-    most this level (`avx2`: no AVX-512, AMX, AVX-VNNI or AVX-NE-CONVERT;
-    `generic`: no AVX at all), so an AVX-512 machine behaves like an AVX2-only
-    one: the kernel path `auto` picks and the linear-layer decision both follow.
+    most this level (`avx512`: AVX-512 F/BW/VL/DQ but no AVX512_BF16, AVX512_FP16,
+    AMX or AVX-NE-CONVERT, a Skylake-SP; `avx2`: no AVX-512, AMX, AVX-VNNI or
+    AVX-NE-CONVERT; `generic`: no AVX at all), so a newer machine behaves like
+    an older one: the kernel path `auto` picks and the linear-layer decision
+    (panel layout included) follow.
     Unset: the processor as it is."""
     env = _env(env)
     if not env.get("VLLM_CPU_MAX_ISA", "").strip():

@@ -15,6 +15,7 @@ from engine import envs
 EPYC_AVX2 = "fpu sse sse2 avx avx2 fma f16c bmi2"
 XEON_AMX = EPYC_AVX2 + " avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile avx_vnni"
 CLIENT_NE = EPYC_AVX2 + " avx_vnni avx_ne_convert"
+ZEN4 = EPYC_AVX2 + " avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512_vnni"  # no AMX
 TORCH = cf.TorchLinearSupport(reorder_op=True, dtypes=frozenset({"float32", "bfloat16"}))
 
 
@@ -38,6 +39,11 @@ def test_probe_reads_flags_and_applies_the_cap(tmp_path):
     assert "avx2" in capped.flags and "fma" in capped.flags
     generic = cf.probe(root, env={"VLLM_CPU_MAX_ISA": "generic"}, arch="x86_64")
     assert generic.usable_isas() == ["generic"]
+    skylake = cf.probe(root, env={"VLLM_CPU_MAX_ISA": "avx512"}, arch="x86_64")
+    assert skylake.usable_isas() == ["avx512", "avx2", "generic"]
+    assert skylake.capped_at == "avx512" and cf.BF16_DOT_FLAG not in skylake.flags
+    assert not any(f.startswith(("amx", "avx512_fp16")) for f in skylake.flags)
+    assert {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx_vnni"} <= skylake.flags
 
 
 def test_probe_reads_arm_features_and_survives_no_cpuinfo(tmp_path):
@@ -48,7 +54,7 @@ def test_probe_reads_arm_features_and_survives_no_cpuinfo(tmp_path):
 
 
 def test_bad_max_isa_is_one_line():
-    with pytest.raises(envs.EnvError, match="VLLM_CPU_MAX_ISA='sse'.*avx2, generic"):
+    with pytest.raises(envs.EnvError, match="VLLM_CPU_MAX_ISA='sse'.*avx512, avx2, generic"):
         envs.cpu_max_isa({"VLLM_CPU_MAX_ISA": "sse"})
     assert envs.cpu_max_isa({}) is None
 
@@ -105,10 +111,15 @@ def test_linear_choice_per_cpu_and_dtype(flags, cap, dtype, mode):
     (XEON_AMX, "avx2", "bfloat16", cf.PANELS),
     (CLIENT_NE, None, "bfloat16", cf.PANELS),
     (XEON_AMX, None, "float16", cf.PLAIN),         # the panel kernel has no float16
+    (ZEN4, None, "bfloat16", cf.PANELS),           # in k pairs, AVX512_BF16 dot products
+    (ZEN4, "avx512", "bfloat16", cf.PANELS),       # k-major, converted to float
+    (XEON_AMX, "avx512", "bfloat16", cf.PANELS),   # AMX hidden by the cap
 ])
 def test_linear_choice_with_the_panel_kernel(flags, cap, dtype, mode):
     choice = cf.choose_linear(dtype, features(flags, cap=cap), TORCH, panels=True)
     assert choice.mode == mode, choice.reason
+    dot = flags == ZEN4 and cap is None and dtype == "bfloat16"
+    assert ("AVX512_BF16 dot products" in choice.reason) == dot, choice.reason
 
 
 def test_vllm_cpu_linear_insists_or_refuses_in_one_line():

@@ -67,7 +67,8 @@ def _linear_modes() -> list:
     """bfloat16 linear layers every way this build and CPU can run them (a visible
     skip for the others): the engine's panels, prepacked oneDNN, plain F.linear,
     and `auto` with every probe capped at AVX2 (VLLM_CPU_MAX_ISA), as on an AMD
-    EPYC without AVX-512, where the engine must decide by itself."""
+    EPYC without AVX-512, where the engine must decide by itself, and at AVX-512
+    without AVX512_BF16 (k-major panels where the CPU would take k pairs)."""
     from engine import cpu_features as cf
     from engine.cpu_features import CpuIsaError
 
@@ -80,7 +81,11 @@ def _linear_modes() -> list:
         except CpuIsaError as exc:
             params.append(pytest.param(requested, marks=pytest.mark.skip(
                 reason=f"bf16 linear mode not run: {exc}")))
-    return params + ["auto-avx2"]
+    avx512 = "auto-avx512"
+    if not cf.current().supports("avx512"):
+        avx512 = pytest.param(avx512, marks=pytest.mark.skip(
+            reason=f"bf16 capped at avx512 not run: {cf.describe(cf.current())}"))
+    return params + ["auto-avx2", avx512]
 
 
 @pytest.fixture(params=_linear_modes())
@@ -89,8 +94,8 @@ def bf16_linear_mode(request, monkeypatch):
     from engine import cpu_features as cf
     from engine.layers import linear
 
-    if request.param == "auto-avx2":
-        monkeypatch.setenv("VLLM_CPU_MAX_ISA", "avx2")
+    if request.param.startswith("auto-"):
+        monkeypatch.setenv("VLLM_CPU_MAX_ISA", request.param.removeprefix("auto-"))
         monkeypatch.delenv("VLLM_CPU_LINEAR", raising=False)
         want = cf.PANELS if ops.has_panel_linear() else cf.PLAIN
     else:
@@ -105,6 +110,12 @@ def bf16_linear_mode(request, monkeypatch):
         cached.cache_clear()
 
 
+def cf_flag_seen() -> bool:
+    from engine import cpu_features as cf
+
+    return cf.BF16_DOT_FLAG in cf.current().flags
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
     import transformers
@@ -116,6 +127,10 @@ def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
     gate_up = llm.model.layers[0].gate_up
     assert (gate_up.packed is not None, gate_up.panels is not None) == (
         bf16_linear_mode == "onednn-prepacked", bf16_linear_mode == "engine-panels")
+    if gate_up.panels is not None:  # k pairs exactly where the CPU (as capped) has AVX512_BF16
+        pairs = ops.panel_k_pack(torch.bfloat16) == 2
+        assert gate_up.panels.shape[2] == (32 if pairs else 16)
+        assert pairs == (cf_flag_seen() and ops.cpu_isa() == "avx512")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoints[model_type],
                                                           dtype=torch.bfloat16).eval()

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -363,3 +364,34 @@ def test_no_chat_template_is_a_clear_400(tiny_model, tmp_path):
         assert c.completions.create(model=str(bare), prompt="hi", max_tokens=2).choices
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_server_cleanly(tiny_model, sig):
+    """uvicorn serves from a second thread (the engine steps in the main one,
+    engine.async_llm.AsyncLLM.run), so the signal handling is the server's own:
+    a request under way when the signal comes still ends, then it exits 0."""
+    s = ServerProcess(tiny_model)
+    try:
+        c = client(s, key="none")
+        stream = c.completions.create(model=str(tiny_model), prompt="one two", max_tokens=300,
+                                      stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))
+        s.proc.send_signal(sig)
+        assert sum(1 for _ in stream) > 0
+        assert s.proc.wait(timeout=30) == 0, s.output()
+        assert "Traceback" not in s.output()
+    finally:
+        s.close()
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(tiny_model, server):
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "engine.cli", "serve", str(tiny_model),
+                          "--port", str(server.port), "--dtype", "float32",
+                          "--max-model-len", "256"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert f"{server.port}" in res.stderr and "address already in use" in res.stderr, res.stderr

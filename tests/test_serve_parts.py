@@ -253,3 +253,50 @@ def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer):
         assert not any(p.endswith("\ufffd") for p in pieces[:-1])
 
     check()
+
+
+def test_async_llm_steps_in_the_calling_thread(tiny):
+    """The server's arrangement: the thread that built the core steps it
+    (AsyncLLM.run), an event loop in another thread reads the tokens; the
+    outputs are the offline core's, and shutdown() from that thread ends run()."""
+    import threading
+
+    from engine.async_llm import AsyncLLM
+    from engine.core import EngineCore
+    from engine.sampling_params import SamplingParams
+
+    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
+                      bind_threads=False)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = [core.make_sequence(f"off-{i}", p, params) for i, p in enumerate(["one two", "three"])]
+    for seq in want:
+        core.add(seq)
+    while core.has_unfinished():
+        core.step()
+    llm = AsyncLLM(core, own_thread=False)
+    got: list = []
+
+    async def read(prompt):
+        return [t for u in [u async for u in llm.generate(llm.make_sequence(prompt, params))]
+                for t in u.new_token_ids]
+
+    async def both():
+        return await asyncio.wait_for(asyncio.gather(read("one two"), read("three")), 60)
+
+    def http():
+        try:
+            got.extend(asyncio.run(both()))
+        finally:
+            llm.shutdown()
+
+    web = threading.Thread(target=http)
+    web.start()
+    llm.run()  # returns once the reader's thread shuts it down
+    web.join(10)
+    assert got == [s.output_token_ids for s in want]
+    with pytest.raises(RuntimeError, match="already steps in its own thread"):
+        threaded = AsyncLLM(core)
+        try:
+            threaded.run()
+        finally:
+            threaded.shutdown()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 
 logger = logging.getLogger("engine")
@@ -24,7 +26,9 @@ def serve(args) -> int:
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)
     metrics = Metrics(names[0])
-    state = ServerState(llm=AsyncLLM(core, metrics), model_names=names, model_dir=core.path,
+    # The engine steps in this thread, which loaded the model (AsyncLLM.run says
+    # why); uvicorn serves from a second one.
+    state = ServerState(llm=AsyncLLM(core, metrics, own_thread=False), model_names=names, model_dir=core.path,
                         metrics=metrics, api_key=args.api_key, chat_template=template,
                         special_tokens=chat_utils.special_tokens(core.path),
                         max_model_len=core.max_model_len, created=int(time.time()))
@@ -37,8 +41,28 @@ def serve(args) -> int:
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level=args.uvicorn_log_level, access_log=False,
                             timeout_graceful_shutdown=5)
-    try:
-        uvicorn.Server(config).run()
-    finally:
-        state.llm.shutdown()
+    server = uvicorn.Server(config)
+    failed: list[BaseException] = []
+
+    def http() -> None:
+        try:
+            server.run()
+        except BaseException as exc:  # noqa: BLE001 - uvicorn exits 1 when it cannot bind
+            failed.append(exc)
+        finally:
+            state.llm.shutdown()
+
+    def stop(signum, frame) -> None:  # uvicorn installs its handlers only in the main thread
+        server.force_exit = server.should_exit
+        server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    web = threading.Thread(target=http, name="http", daemon=True)
+    web.start()
+    state.llm.run()  # until the server stops (or the engine fails: it then answers errors)
+    while web.is_alive():
+        web.join(0.5)
+    if failed or not server.started:
+        return 1
     return 0

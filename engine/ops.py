@@ -79,9 +79,15 @@ def panel_k_pack(dtype: torch.dtype) -> int:
     VLLM_CPU_MAX_ISA does not hide them), else 1."""
     from engine import cpu_features
 
-    return 2 if (dtype == torch.bfloat16 and has_panel_linear()
-                 and cpu_features.BF16_DOT_FLAG in cpu_features.current().flags
-                 and bool(torch.ops._C.cpu_has_linear_bf16_pairs())) else 1
+    return 2 if (dtype == torch.bfloat16 and has_bf16_pair_linear()
+                 and cpu_features.BF16_DOT_FLAG in cpu_features.current().flags) else 1
+
+
+def has_bf16_pair_linear() -> bool:
+    """Whether the CPU code path in use has the AVX512_BF16 pair kernel and the
+    processor runs it (its own answer: VLLM_CPU_MAX_ISA only changes
+    panel_k_pack's choice)."""
+    return has_panel_linear() and bool(torch.ops._C.cpu_has_linear_bf16_pairs())
 
 
 def cpu_isa() -> str | None:

@@ -329,8 +329,8 @@ def test_linear_refuses_pairs_where_the_cpu_lacks_avx512_bf16(isa):
     path but avx512 on such a CPU) is refused in one line, never misread."""
     if isa == "none" or not ops.has_panel_linear():
         pytest.skip(f"the {isa} code path has no panel linear kernel")
-    if ops.panel_k_pack(torch.bfloat16) == 2:
-        pytest.skip(f"the {isa} code path runs the AVX512_BF16 pair kernel here")
+    if ops.has_bf16_pair_linear():
+        pytest.skip(f"the {isa} code path runs the AVX512_BF16 pair kernel on this CPU")
     from engine.layers.linear import pack_panels
 
     pairs = pack_panels(torch.randn(40, 8).bfloat16(), k_pack=2)

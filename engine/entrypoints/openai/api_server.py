@@ -82,9 +82,10 @@ def build_app(state: ServerState) -> FastAPI:
         logger.exception("request failed")
         return error_response(500, f"internal error: {type(exc).__name__}")
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:
         # a dependency, not a middleware: Starlette's BaseHTTPMiddleware hides a client's
-        # disconnect from the endpoint, and a disconnect must abort the request
+        # disconnect from the endpoint, and a disconnect must abort the request. async:
+        # FastAPI runs a plain def in a worker thread, a thread hop per request
         key = state.api_key
         if key:
             given = request.headers.get("authorization", "")

@@ -173,9 +173,12 @@ class LinearChoice:
 
 
 def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearSupport,
-                  panels: bool = False, requested: str = "auto") -> LinearChoice:
+                  panels: bool = False, requested: str = "auto",
+                  bf16_pairs: bool = False) -> LinearChoice:
     """How linear layers of `dtype` run on this CPU. `panels`: the kernel code
-    path in use has the engine's panel kernel (float32 and bfloat16).
+    path in use has the engine's panel kernel (float32 and bfloat16);
+    `bf16_pairs`: it multiplies bfloat16 in k pairs with AVX512_BF16
+    (engine.ops.panel_k_pack), which the reason then says.
 
     Measured on the benchmark's 435M-parameter Llama (benchmarks/kernels.py
     --linear): the panel kernel streams the weight at decode faster than
@@ -184,6 +187,8 @@ def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearS
     has more than a few rows, so AMX keeps oneDNN for bfloat16."""
     onednn = _onednn_choice(dtype, features, torch_support)
     has_panels = panels and dtype in ("float32", "bfloat16")
+    dot = ("; it multiplies bfloat16 in k pairs with AVX512_BF16 dot products"
+           if dtype == "bfloat16" and bf16_pairs else "")
     if requested != "auto":
         mode = LINEAR_MODES[requested]
         if mode == PANELS and not has_panels:
@@ -193,15 +198,13 @@ def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearS
         if mode == PREPACKED and onednn.mode != PREPACKED:
             raise CpuIsaError(f"VLLM_CPU_LINEAR=onednn: {onednn.reason}; use auto, panels "
                               "or plain")
-        return LinearChoice(mode, f"VLLM_CPU_LINEAR={requested}")
+        return LinearChoice(mode, f"VLLM_CPU_LINEAR={requested}"
+                                  + (f": the engine's panel kernel{dot}" if mode == PANELS else ""))
     if not has_panels:
         return onednn
     if dtype == "bfloat16" and onednn.mode == PREPACKED and "amx_bf16" in features.flags:
         return LinearChoice(PREPACKED, "the CPU has AMX, and oneDNN's bfloat16 path computes "
                                        "with it")
-    dot = (" and multiplies them in pairs with AVX512_BF16 dot products"
-           if dtype == "bfloat16" and BF16_DOT_FLAG in features.flags
-           and features.supports("avx512") else "")
     return LinearChoice(PANELS, f"the engine's panel kernel streams {dtype} weights at "
                                 f"decode faster than oneDNN or F.linear{dot}")
 

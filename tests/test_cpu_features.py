@@ -118,8 +118,14 @@ def test_linear_choice_per_cpu_and_dtype(flags, cap, dtype, mode):
 def test_linear_choice_with_the_panel_kernel(flags, cap, dtype, mode):
     choice = cf.choose_linear(dtype, features(flags, cap=cap), TORCH, panels=True)
     assert choice.mode == mode, choice.reason
-    dot = flags == ZEN4 and cap is None and dtype == "bfloat16"
-    assert ("AVX512_BF16 dot products" in choice.reason) == dot, choice.reason
+
+
+def test_the_reason_names_the_pair_kernel_only_where_it_runs():
+    zen = features(ZEN4)
+    assert "AVX512_BF16" in cf.choose_linear("bfloat16", zen, TORCH, True, bf16_pairs=True).reason
+    assert "AVX512_BF16" not in cf.choose_linear("bfloat16", zen, TORCH, True).reason
+    assert "AVX512_BF16" not in cf.choose_linear("float32", zen, TORCH, True,
+                                                 bf16_pairs=True).reason
 
 
 def test_vllm_cpu_linear_insists_or_refuses_in_one_line():

@@ -131,6 +131,9 @@ def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
         pairs = ops.panel_k_pack(torch.bfloat16) == 2
         assert gate_up.panels.shape[2] == (32 if pairs else 16)
         assert pairs == (cf_flag_seen() and ops.cpu_isa() == "avx512")
+        from engine.layers.linear import cpu_linear_choice
+
+        assert ("AVX512_BF16" in cpu_linear_choice(torch.bfloat16).reason) == pairs
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoints[model_type],
                                                           dtype=torch.bfloat16).eval()

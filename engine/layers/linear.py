@@ -31,7 +31,8 @@ def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
     return cpu_features.choose_linear(dtype_name(dtype), cpu_features.current(),
                                       cpu_features.TorchLinearSupport.detect(),
                                       panels=ops.has_panel_linear(),
-                                      requested=envs.cpu_linear())
+                                      requested=envs.cpu_linear(),
+                                      bf16_pairs=ops.panel_k_pack(torch.bfloat16) == 2)
 
 
 PANEL = 16  # columns per panel: one AVX-512 vector, two AVX2 ones

@@ -2,9 +2,11 @@
 against a baseline measured in the same process (these machines are noisy)."""
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -103,3 +105,54 @@ def add_check_argument(parser) -> None:
     """The `--check` flag every benchmark takes (argparse)."""
     parser.add_argument("--check", action="store_true",
                         help="exit 1 naming each missed target (for CI)")
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A /proc/<pid>/status memory field (VmRSS, VmHWM, ...) in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and every live descendant (vLLM runs its engine core in a child)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def run_with_peak_rss(cmd: list[str], env=None, interval: float = 0.05
+                      ) -> tuple[subprocess.CompletedProcess, float]:
+    """Run cmd capturing its output; also the peak of its whole process tree's
+    summed RSS in MiB, sampled every `interval` s. (getrusage's ru_maxrss would
+    count the memory a child had before exec, which is this process's, and
+    not a grandchild's.)"""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    peak = 0.0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(interval):
+            total = 0.0
+            for p in process_tree(proc.pid):
+                try:
+                    total += rss_mb(p)
+                except (OSError, StopIteration):
+                    pass
+            peak = max(peak, total)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    done.set()
+    sampler.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), peak

@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urljoin
 
+from benchmarks.common import rss_mb
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO / "tests"))
 
@@ -76,11 +78,6 @@ def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
             time.sleep(0.05)
     proc.kill()
     sys.exit(f"server did not start: {' '.join(cmd)}\n{log.read_text()[-2000:]}")
-
-
-def rss_mb(pid: int, field: str) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 
 
 def download(port: int, path: str) -> str:

@@ -1,7 +1,7 @@
 """Offline generation throughput: this engine against transformers' generate()
 (or, with --peer vllm, upstream vLLM's CPU engine), same checkpoint, same
 prompts, same run; each engine in its own process so that start-up time and
-peak memory (max RSS) are its own. Also the roofline: the tokens/s that this
+peak memory (the summed RSS of its process tree, sampled) are its own. Also the roofline: the tokens/s that this
 machine's measured memory bandwidth and matmul speed allow.
 
     python benchmarks/throughput.py [--dtype float32|bfloat16] [--model-size smollm|small|large|tiny]
@@ -25,13 +25,12 @@ sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath
 
 import argparse
 import json
-import resource
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets
+from benchmarks.common import Targets, run_with_peak_rss
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, num_params, prompt_ids
 
 BATCHES = ((16, 2.0, 1.5), (1, 1.0, 1.0))  # (requests, target vs transformers, vs vllm)
@@ -91,8 +90,7 @@ def child(kind: str, model: str, dtype: str, batch: int, prompt_len: int, new: i
                 dt = min(dt, time.perf_counter() - t0)
         ids = out[:, x.shape[1]:].tolist()
     n = sum(len(i) for i in ids)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print("RESULT " + json.dumps({"tokens": n, "seconds": dt, "peak_bytes": peak,
+    print("RESULT " + json.dumps({"tokens": n, "seconds": dt,
                                   "startup": startup, "ids": ids}))
 
 
@@ -117,11 +115,12 @@ def _timed(fn) -> float:
 
 
 def run_child(python: str, args: list[str], env) -> dict:
-    res = subprocess.run([python, __file__, *args], capture_output=True, text=True, env=env)
+    """The child's RESULT, with peak_mb: its process tree's peak RSS."""
+    res, peak = run_with_peak_rss([python, __file__, *args], env=env)
     results = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
     if res.returncode != 0 or not results:
         sys.exit(f"{args[:2]} failed:\n{res.stderr[-3000:]}")
-    return json.loads(results[-1][len("RESULT "):])
+    return {**json.loads(results[-1][len("RESULT "):]), "peak_mb": peak}
 
 
 def roofline(params: int, itemsize: int, batch: int, machine: dict) -> float:
@@ -183,7 +182,7 @@ def main() -> int:
             print(f"{batch:>8} {te:>13.1f} {th:>19.1f} {te / th:>6.2f}x {roof:>9.0f} "
                   f"{te / roof:>6.0%} {th / roof:>12.0%} "
                   f"{e['startup']:>6.1f}s/{h['startup']:>6.1f}s "
-                  f"{e['peak_bytes'] / 2**20:>6.0f}/{h['peak_bytes'] / 2**20:>6.0f}MB  "
+                  f"{e['peak_mb']:>6.0f}/{h['peak_mb']:>6.0f}MB  "
                   f">= {target}x {'ok' if te / th >= target else 'MISS'}; greedy ids identical "
                   f"on {same}/{batch}")
             targets.record(f"{batch} requests: tok/s vs {a.peer}", te / th, target)

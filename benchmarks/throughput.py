@@ -1,8 +1,9 @@
 """Offline generation throughput: this engine against transformers' generate()
 (or, with --peer vllm, upstream vLLM's CPU engine), same checkpoint, same
 prompts, same run; each engine in its own process so that start-up time and
-peak memory (the summed RSS of its process tree, sampled) are its own. Also the roofline: the tokens/s that this
-machine's measured memory bandwidth and matmul speed allow.
+peak memory (the summed RSS of its process tree, sampled) are its own. Also the
+roofline: the tokens/s that this machine's measured memory bandwidth and matmul
+speed allow.
 
     python benchmarks/throughput.py [--dtype float32|bfloat16] [--model-size smollm|small|large|tiny]
     python benchmarks/throughput.py --peer vllm [--model-size small|large]   # bash ci/setup-peer.sh first

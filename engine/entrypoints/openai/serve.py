@@ -28,8 +28,9 @@ def serve(args) -> int:
     metrics = Metrics(names[0])
     # The engine steps in this thread, which loaded the model (AsyncLLM.run says
     # why); uvicorn serves from a second one.
-    state = ServerState(llm=AsyncLLM(core, metrics, own_thread=False), model_names=names, model_dir=core.path,
-                        metrics=metrics, api_key=args.api_key, chat_template=template,
+    llm = AsyncLLM(core, metrics, own_thread=False)
+    state = ServerState(llm=llm, model_names=names, model_dir=core.path, metrics=metrics,
+                        api_key=args.api_key, chat_template=template,
                         special_tokens=chat_utils.special_tokens(core.path),
                         max_model_len=core.max_model_len, created=int(time.time()))
     if template is None:

@@ -91,6 +91,16 @@ def _cpu_report(info) -> dict:
         gib = f"invalid: {exc}"
     out["kv_cache"] = (f"{gib} (VLLM_CPU_KVCACHE_SPACE), checked against available memory at "
                        "start-up, then reserved lazily: pages are committed as blocks fill")
+    from pathlib import Path
+
+    from engine import hugepages
+
+    mode = hugepages.thp_mode(Path(envs.sysfs_root()))
+    out["huge_pages"] = (
+        f"transparent huge pages '{mode}': asked for the packed weights and the KV cache"
+        if mode in ("always", "madvise") else
+        f"transparent huge pages {mode or 'unavailable'}: 4 KiB pages (slower streaming of "
+        "weights and KV cache)")
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import hugepages
 from engine.block_manager import BlockManager
 from engine.config import ModelConfig
 from engine.forward_context import ForwardContext, set_context
@@ -24,9 +25,14 @@ class ModelRunner:
         shape = (blocks.num_blocks, c.num_kv_heads, blocks.block_size, c.head_dim)
         # Uninitialized: a slot is always written (reshape_and_cache) before any
         # kernel reads it, and untouched pages of a large cache cost no memory.
+        # On the CPU, huge pages (engine.hugepages): attention streams the cache.
+        def cache() -> torch.Tensor:
+            if device.type == "cpu":
+                return hugepages.empty(shape, dtype)
+            return torch.empty(shape, dtype=dtype, device=device)
+
         for attn in model.attention_layers():
-            attn.k_cache = torch.empty(shape, dtype=dtype, device=device)
-            attn.v_cache = torch.empty(shape, dtype=dtype, device=device)
+            attn.k_cache, attn.v_cache = cache(), cache()
 
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)

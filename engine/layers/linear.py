@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import cpu_features, ops
+from engine import cpu_features, hugepages, ops
 
 logger = logging.getLogger("engine")
 
@@ -48,8 +48,10 @@ def pack_panels(weight: torch.Tensor, k_pack: int = 1) -> torch.Tensor:
     panels, steps = -(-n // PANEL), -(-k // k_pack)
     padded = weight.new_zeros(panels * PANEL, steps * k_pack)
     padded[:n, :k] = weight
-    return (padded.view(panels, PANEL, steps, k_pack).permute(0, 2, 1, 3)
-            .reshape(panels, steps, PANEL * k_pack).contiguous())
+    out = hugepages.empty((panels, steps, PANEL * k_pack), weight.dtype)  # streamed every step
+    out.view(panels, steps, PANEL, k_pack).copy_(
+        padded.view(panels, PANEL, steps, k_pack).permute(0, 2, 1, 3))
+    return out
 
 
 def log_cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:

@@ -281,12 +281,19 @@ def test_engine_complete_and_chat_clients(server, capsys):
     from engine.cli import main
 
     url = server.url + "/v1"
-    assert main(["complete", "--url", url, "--api-key", KEY, "-q", "one two", "--max-tokens",
-                 "5"]) == 0
-    assert capsys.readouterr().out.strip()
-    assert main(["chat", "--url", url, "--api-key", KEY, "-q", "Hello", "--max-tokens", "5",
-                 "--model-name", "other-name"]) == 0
-    assert capsys.readouterr().out.strip()
+
+    def generated(args) -> float:
+        """Tokens the server generated for one client command (which sample at the
+        server's default temperature, so the text itself may be empty: an EOS first)."""
+        before = server.metrics()["vllm:generation_tokens_total"]
+        assert main(args) == 0
+        assert capsys.readouterr().out.endswith("\n")
+        return server.metrics()["vllm:generation_tokens_total"] - before
+
+    assert 1 <= generated(["complete", "--url", url, "--api-key", KEY, "-q", "one two",
+                           "--max-tokens", "5"]) <= 5
+    assert 1 <= generated(["chat", "--url", url, "--api-key", KEY, "-q", "Hello",
+                           "--max-tokens", "5", "--model-name", "other-name"]) <= 5
     assert main(["chat", "--url", url, "--api-key", "wrong", "-q", "Hello"]) == 2
     assert "401" in capsys.readouterr().err
     assert main(["complete", "--url", f"http://127.0.0.1:{free_port()}/v1", "-q", "x"]) == 2

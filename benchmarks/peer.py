@@ -23,6 +23,24 @@ def peer_env(threads: str = "0-1", kv_gib: str = "1") -> dict[str, str]:
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
+# The library upstream's import_kernels (vllm/platforms/cpu.py) loads for each of
+# our x86 code paths: _C is its AVX-512 build with AVX512_BF16 (and AMX).
+PEER_KERNEL_LIBS = {"avx512_bf16": "_C.abi3.so", "avx512": "_C_AVX512.abi3.so",
+                    "avx2": "_C_AVX2.abi3.so"}
+
+
+def peer_kernel_lib(isa: str) -> Path:
+    """The peer's kernel library matching our code path `isa`, in its venv."""
+    if isa not in PEER_KERNEL_LIBS:
+        raise SystemExit(f"the vLLM peer has no kernel library for our {isa} code path "
+                         f"(only {', '.join(PEER_KERNEL_LIBS)})")
+    found = sorted(PEER_VENV.glob(f"lib/python*/site-packages/vllm/{PEER_KERNEL_LIBS[isa]}"))
+    if not found:
+        raise SystemExit(f"the vLLM peer is not installed ({PEER_VENV}); "
+                         "run: bash ci/setup-peer.sh")
+    return found[0]
+
+
 def require_peer() -> Path:
     if not PEER_PYTHON.is_file():
         raise SystemExit(f"the vLLM peer is not installed ({PEER_VENV}); "

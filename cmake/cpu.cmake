@@ -1,5 +1,6 @@
-# CPU kernels. On x86-64, csrc/cpu/kernels_impl.cpp is compiled once for AVX2
-# and once for AVX-512 and the library picks at run time (csrc/cpu/isa.cpp);
+# CPU kernels. On x86-64, csrc/cpu/kernels_impl.cpp is compiled once for AVX2,
+# once for AVX-512 and once for AVX-512 with AVX512_BF16, and the library
+# picks at run time (csrc/cpu/isa.cpp);
 # on AArch64 csrc/cpu/arm/kernels_neon.cpp is compiled for NEON and NEON+BF16;
 # elsewhere kernels_impl.cpp is compiled once for the baseline ISA ("generic").
 if(NOT TARGET torch)  # a cross build has it already (cmake/torch_root.cmake)
@@ -21,9 +22,13 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   set(_isas avx2)
   set(_flags_avx2 -mavx2 -mfma -mf16c)
   if(NOT VLLM_CPU_DISABLE_AVX512)
-    list(APPEND _isas avx512)
+    # avx512_bf16: the same kernels where the CPU also has AVX512_BF16 (Zen 4,
+    # Cooper Lake, Sapphire Rapids): one instruction rounds two float vectors
+    # to bfloat16, and bfloat16 linear layers use its dot products.
+    list(APPEND _isas avx512 avx512_bf16)
     set(_flags_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
                       -mprefer-vector-width=512)
+    set(_flags_avx512_bf16 ${_flags_avx512} -mavx512bf16)
   endif()
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
   include(cmake/cpu_arm.cmake)

@@ -17,17 +17,20 @@ from typing import Iterable, Mapping
 from engine import envs
 
 # Flags each compiled x86 code path needs (what csrc/cpu/isa.cpp checks too).
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
 ISA_FLAGS: dict[str, frozenset[str]] = {
-    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    # AVX-512 with AVX512_BF16: bfloat16 rounding and dot products in one instruction
+    "avx512_bf16": _AVX512 | {"avx512_bf16"},
+    "avx512": _AVX512,
     "avx2": frozenset({"avx2", "fma"}),
     "neon_bf16": frozenset({"bf16"}),   # AArch64 BF16 extension (FEAT_BF16)
     "neon": frozenset(),                # Advanced SIMD is part of every ARMv8-A CPU
     "generic": frozenset(),
 }
-X86_ISAS = ("avx512", "avx2")
+X86_ISAS = ("avx512_bf16", "avx512", "avx2")
 ARM_ISAS = ("neon_bf16", "neon")
 # Best first: `auto` takes the first one that is compiled in and usable.
-ISA_ORDER = ("avx512", "avx2", "neon_bf16", "neon", "generic")
+ISA_ORDER = ("avx512_bf16", "avx512", "avx2", "neon_bf16", "neon", "generic")
 
 # Flags above each cap level: removed from the probe when VLLM_CPU_MAX_ISA caps it.
 _ABOVE_AVX512 = ("avx512_bf16", "avx512_fp16", "amx", "avx_ne_convert", "avx10")
@@ -125,10 +128,6 @@ def choose_isa(requested: str, features: CpuFeatures, compiled: Iterable[str]) -
 
 
 # --- linear layers ---------------------------------------------------------
-
-# The x86 flag for AVX512_BF16 dot products (vdpbf16ps): the AVX-512 panel
-# kernel multiplies bfloat16 weights with them where the CPU has it.
-BF16_DOT_FLAG = "avx512_bf16"
 
 PREPACKED = "onednn-prepacked"
 PANELS = "engine-panels"

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Mapping
 
-CPU_ISA_CHOICES = ("auto", "avx512", "avx2", "neon_bf16", "neon", "generic")
+CPU_ISA_CHOICES = ("auto", "avx512_bf16", "avx512", "avx2", "neon_bf16", "neon", "generic")
 CPU_MAX_ISA_CHOICES = ("avx512", "avx2", "generic")
 CPU_LINEAR_CHOICES = ("auto", "panels", "onednn", "plain")
 DEFAULT_KVCACHE_GIB = 4.0
@@ -35,7 +35,8 @@ def cpu_isa(env: Mapping[str, str] | None = None) -> str:
     """VLLM_CPU_ISA: which compiled CPU code path the kernels use.
 
     `auto` (default) takes the best one that is compiled in and that the
-    processor runs; `avx512` (x86 with AVX-512 F/BW/VL/DQ), `avx2` (x86 with
+    processor runs; `avx512_bf16` (x86 with AVX-512 and AVX512_BF16: Zen 4,
+    Cooper Lake, Sapphire Rapids), `avx512` (x86 with AVX-512 F/BW/VL/DQ), `avx2` (x86 with
     AVX2+FMA; forces that path on an AVX-512 machine, as the tests do) and
     `neon_bf16` / `neon` (AArch64 with / without the BF16
     extension), `generic` (the portable path of other builds) insist on one path and fail

@@ -75,23 +75,21 @@ def has_panel_linear() -> bool:
 
 def panel_k_pack(dtype: torch.dtype) -> int:
     """k values per step of the panel layout the kernel in use reads for
-    `dtype`: 2 for bfloat16 where the CPU has AVX512_BF16 dot products (and
-    VLLM_CPU_MAX_ISA does not hide them), else 1."""
-    from engine import cpu_features
-
-    return 2 if (dtype == torch.bfloat16 and has_bf16_pair_linear()
-                 and cpu_features.BF16_DOT_FLAG in cpu_features.current().flags) else 1
+    `dtype`: 2 for bfloat16 on the avx512_bf16 code path (its AVX512_BF16 dot
+    products), else 1."""
+    return 2 if dtype == torch.bfloat16 and has_bf16_pair_linear() else 1
 
 
 def has_bf16_pair_linear() -> bool:
-    """Whether the CPU code path in use has the AVX512_BF16 pair kernel and the
-    processor runs it (its own answer: VLLM_CPU_MAX_ISA only changes
-    panel_k_pack's choice)."""
+    """Whether the CPU code path in use multiplies bfloat16 in k pairs
+    (avx512_bf16 only, chosen where the CPU has AVX512_BF16 and
+    VLLM_CPU_MAX_ISA does not hide it)."""
     return has_panel_linear() and bool(torch.ops._C.cpu_has_linear_bf16_pairs())
 
 
 def cpu_isa() -> str | None:
-    """The CPU code path in use (avx512, avx2, neon_bf16, neon, generic), or None without CPU kernels."""
+    """The CPU code path in use (avx512_bf16, avx512, avx2, neon_bf16, neon, generic), or None
+    without CPU kernels."""
     return torch.ops._C.cpu_isa() if BUILD_INFO.device == "cpu" else None
 
 
@@ -103,7 +101,7 @@ def compiled_cpu_isas() -> list[str]:
 
 
 def select_cpu_isa(name: str) -> str:
-    """Switch the CPU code path at run time (auto, avx512, avx2, neon_bf16,
+    """Switch the CPU code path at run time (auto, avx512_bf16, avx512, avx2, neon_bf16,
     neon, generic); returns the
     one in use. Raises engine.cpu_features.CpuIsaError (one line) where `name` is
     not compiled in or this CPU (as VLLM_CPU_MAX_ISA caps it) cannot run it."""

@@ -32,7 +32,8 @@ def fake_root(tmp_path, text: str):
 def test_probe_reads_flags_and_applies_the_cap(tmp_path):
     root = fake_root(tmp_path, f"processor\t: 0\nflags\t\t: {XEON_AMX}\n\nprocessor\t: 1\n")
     full = cf.probe(root, env={}, arch="x86_64")
-    assert full.usable_isas() == ["avx512", "avx2", "generic"] and full.capped_at is None
+    assert full.usable_isas() == ["avx512_bf16", "avx512", "avx2", "generic"]
+    assert full.capped_at is None
     capped = cf.probe(root, env={"VLLM_CPU_MAX_ISA": "avx2"}, arch="x86_64")
     assert capped.usable_isas() == ["avx2", "generic"] and capped.capped_at == "avx2"
     assert not any(f.startswith(("avx512", "amx", "avx_vnni")) for f in capped.flags)
@@ -41,7 +42,7 @@ def test_probe_reads_flags_and_applies_the_cap(tmp_path):
     assert generic.usable_isas() == ["generic"]
     skylake = cf.probe(root, env={"VLLM_CPU_MAX_ISA": "avx512"}, arch="x86_64")
     assert skylake.usable_isas() == ["avx512", "avx2", "generic"]
-    assert skylake.capped_at == "avx512" and cf.BF16_DOT_FLAG not in skylake.flags
+    assert skylake.capped_at == "avx512" and "avx512_bf16" not in skylake.flags
     assert not any(f.startswith(("amx", "avx512_fp16")) for f in skylake.flags)
     assert {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx_vnni"} <= skylake.flags
 
@@ -60,17 +61,21 @@ def test_bad_max_isa_is_one_line():
 
 
 @pytest.mark.parametrize("flags,cap,expected", [
-    (XEON_AMX, None, "avx512"),
+    (XEON_AMX, None, "avx512_bf16"),
+    (ZEN4, None, "avx512_bf16"),
+    (ZEN4, "avx512", "avx512"),       # a Skylake-SP: AVX-512 without AVX512_BF16
     (XEON_AMX, "avx2", "avx2"),
     (EPYC_AVX2, None, "avx2"),
     (CLIENT_NE, None, "avx2"),
 ])
 def test_auto_picks_the_best_usable_compiled_path(flags, cap, expected):
-    assert cf.choose_isa("auto", features(flags, cap=cap), ["avx2", "avx512"]) == expected
+    compiled = ["avx2", "avx512", "avx512_bf16"]
+    assert cf.choose_isa("auto", features(flags, cap=cap), compiled) == expected
 
 
 def test_auto_respects_what_was_compiled():
     assert cf.choose_isa("auto", features(XEON_AMX), ["avx2"]) == "avx2"  # VLLM_CPU_DISABLE_AVX512
+    assert cf.choose_isa("auto", features(ZEN4), ["avx2", "avx512"]) == "avx512"
     assert cf.choose_isa("auto", features("fp asimd", arch="aarch64"), ["generic"]) == "generic"
 
 
@@ -80,6 +85,9 @@ def test_requests_this_cpu_cannot_run_name_what_it_can():
     msg = str(e.value)
     assert "VLLM_CPU_ISA=avx512 needs" in msg and "supports: avx2" in msg
     assert "one of: avx2" in msg and "\n" not in msg
+    with pytest.raises(cf.CpuIsaError, match="avx512_bf16 needs avx512_bf16/avx512bw/.*"
+                                             "supports: avx512, avx2"):
+        cf.choose_isa("avx512_bf16", features(ZEN4, cap="avx512"), ["avx2", "avx512", "avx512_bf16"])
     with pytest.raises(cf.CpuIsaError, match="not compiled into this build; it has: avx2"):
         cf.choose_isa("avx512", features(XEON_AMX), ["avx2"])
     with pytest.raises(cf.CpuIsaError, match="needs AVX2 and FMA at least"):
@@ -165,7 +173,7 @@ def test_detected_torch_support_matches_torch():
 
 
 @pytest.mark.parametrize("env,needle", [
-    ({"VLLM_CPU_ISA": "avx9"}, "VLLM_CPU_ISA='avx9' is not valid; use one of: auto, avx512"),
+    ({"VLLM_CPU_ISA": "avx9"}, "VLLM_CPU_ISA='avx9' is not valid; use one of: auto, avx512_bf16, avx512"),
     ({"VLLM_CPU_ISA": "avx512", "VLLM_CPU_MAX_ISA": "avx2"}, "VLLM_CPU_ISA=avx512 needs"),
     ({"VLLM_CPU_MAX_ISA": "sse"}, "VLLM_CPU_MAX_ISA='sse' is not valid"),
 ])

@@ -104,6 +104,32 @@ def test_fused_add_rms_norm(dtype, rows, hidden):
     close(x, x2, dtype)
 
 
+@pytest.mark.parametrize("hidden", [80, 83, 512])  # two-vector, one-vector and scalar stores
+def test_bfloat16_rounding_is_torchs_bit_for_bit(hidden):
+    """The residual fused_add_rms_norm stores is x + r rounded once, so it must
+    equal torch's rounding of the float sum bit for bit, ties to even and
+    denormals included (AVX512_BF16's one-instruction rounding flushes
+    denormals, so vectors holding them must take the exact path), and NaN
+    stays NaN."""
+    g = torch.Generator().manual_seed(hidden)
+    x = torch.randn(4, hidden, generator=g).bfloat16()
+    r = torch.randn(4, hidden, generator=g).bfloat16()
+    one, step = torch.tensor(1.0).bfloat16(), torch.tensor(2.0 ** -8).bfloat16()
+    x[1, ::3], r[1, ::3] = one, step                         # 1 + 2^-8: a tie, rounds down to even
+    x[1, 1::3], r[1, 1::3] = one + 2 * step, step            # a tie that rounds up to even
+    x[2, ::5], r[2, ::5] = 1.5 * 2.0 ** -126, -(2.0 ** -126)  # the sum is a denormal
+    x[2, 1::5] = torch.tensor([5], dtype=torch.int16).view(torch.bfloat16)  # a denormal input
+    r[2, 1::5] = 0.0
+    x[3, hidden // 2], x[3, hidden - 1], r[3, 7] = float("nan"), float("inf"), -float("inf")
+    want = (x.float() + r.float()).bfloat16()
+    w = torch.ones(hidden).bfloat16()
+    ops.fused_add_rms_norm(x, r, w, 1e-6)
+    nan = want.isnan()
+    assert torch.equal(r.isnan(), nan)
+    assert torch.equal(r.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+    assert (want[2, ::5] != 0).all() and (want[2, ::5].abs() < 2.0 ** -126).all()  # denormals
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 2), (5, 2 * 17), (3, 4, 2 * 1000), (64, 2 * 5504)])
 def test_silu_and_mul(dtype, shape):
@@ -291,8 +317,8 @@ def test_linear(isa, dtype, m, k, n, bias, k_pack):
     if isa == "none" or not ops.has_panel_linear():
         pytest.skip(f"the {isa} code path has no panel linear kernel (torch's linear runs)")
     if k_pack == 2 and ops.panel_k_pack(dtype) != 2:
-        pytest.skip(f"the AVX512_BF16 pair kernel not run: the {isa} code path on this CPU "
-                    "has no AVX512_BF16 (or VLLM_CPU_MAX_ISA hides it)")
+        pytest.skip(f"the k-pair layout not run: it is the avx512_bf16 code path's, and "
+                    f"the {isa} path reads k-major (it refuses pairs: tested below)")
     from engine.layers.linear import pack_panels
 
     g = torch.Generator().manual_seed(m * k + n)
@@ -326,7 +352,7 @@ def test_linear_refuses_a_weight_that_does_not_fit(isa):
 
 def test_linear_refuses_pairs_where_the_cpu_lacks_avx512_bf16(isa):
     """A weight packed in k pairs on a code path without AVX512_BF16 (here: any
-    path but avx512 on such a CPU) is refused in one line, never misread."""
+    path but avx512_bf16) is refused in one line, never misread."""
     if isa == "none" or not ops.has_panel_linear():
         pytest.skip(f"the {isa} code path has no panel linear kernel")
     if ops.has_bf16_pair_linear():

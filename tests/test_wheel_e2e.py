@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.cpu_features import X86_ISAS
+
 from helpers import (REPO, TORCH_CPU_PIN, TORCH_CPU_VERSION, UV, copy_source_tree, make_venv,
                      run)
 
@@ -37,7 +39,7 @@ def test_repaired_wheel_is_honest(cpu_wheel: Path, tmp_path: Path):
     assert not [n for n in names if re.search(r"lib(torch|c10|gomp|iomp)", n)], names
     info = json.loads(zipfile.ZipFile(cpu_wheel).read("engine/_build_info.json"))
     assert info["variant"] == "cpu" and info["torch_version"] == TORCH_CPU_VERSION
-    assert set(info["code_paths"]) == {"cpu-avx2", "cpu-avx512"}
+    assert set(info["code_paths"]) == {"cpu-avx2", "cpu-avx512", "cpu-avx512_bf16"}
     assert re.fullmatch(r"[0-9a-f]{40}", info["git_commit"])
 
     show = run([sys.executable, "-m", "auditwheel", "show", cpu_wheel]).stdout
@@ -123,7 +125,7 @@ def test_uv_editable_and_regular_install(source_copy: Path, torch_mirror: str, t
         assert torches and set(torches) == {TORCH_CPU_PIN}, torches
         assert not [p for p in picked if p.startswith("nvidia-")], picked
         out = run([py, "-c", smoke], cwd=tmp_path).stdout.split()
-        assert out[0] == "cpu" and out[1] in ("avx512", "avx2")
+        assert out[0] == "cpu" and out[1] in X86_ISAS
         expected_root = source_copy if mode else venv
         assert out[2].startswith(str(expected_root)), out
 

@@ -46,6 +46,14 @@ bool cpu_has_bf16() {
 #endif
 
 const engine_cpu::KernelTable* table_for(const std::string& name) {
+#ifdef ENGINE_HAS_AVX512_BF16
+  if (name == "avx512_bf16") {
+    TORCH_CHECK(cpu_has_avx512_bf16(),
+                "the avx512_bf16 kernels were requested but this processor does not "
+                "support AVX512_BF16; unset VLLM_CPU_ISA or set it to avx512 or avx2");
+    return engine_cpu::kernels_avx512_bf16();
+  }
+#endif
 #ifdef ENGINE_HAS_AVX512
   if (name == "avx512") {
     TORCH_CHECK(cpu_has_avx512(),
@@ -81,6 +89,9 @@ const engine_cpu::KernelTable* table_for(const std::string& name) {
 }
 
 const engine_cpu::KernelTable* auto_table() {
+#ifdef ENGINE_HAS_AVX512_BF16
+  if (cpu_has_avx512_bf16()) return engine_cpu::kernels_avx512_bf16();
+#endif
 #ifdef ENGINE_HAS_AVX512
   if (cpu_has_avx512()) return engine_cpu::kernels_avx512();
 #endif
@@ -113,13 +124,9 @@ const engine_cpu::KernelTable& kernels() {
 
 std::string isa() { return kernels().isa; }
 
-bool has_linear_bf16_pairs() {
-#if defined(__x86_64__)
-  return kernels().linear_bf16_pairs != nullptr && cpu_has_avx512_bf16();
-#else
-  return false;
-#endif
-}
+// Only the avx512_bf16 table has it, and that table is only ever chosen on a
+// CPU with AVX512_BF16 (table_for checks).
+bool has_linear_bf16_pairs() { return kernels().linear_bf16_pairs != nullptr; }
 
 std::string select_isa(const std::string& name) {
   const engine_cpu::KernelTable* t = name == "auto" ? auto_table() : table_for(name);
@@ -130,6 +137,9 @@ std::string select_isa(const std::string& name) {
 std::string compiled_isas() {
   std::string out;
   auto add = [&out](const char* s) { out += out.empty() ? s : std::string(",") + s; };
+#ifdef ENGINE_HAS_AVX512_BF16
+  add("avx512_bf16");
+#endif
 #ifdef ENGINE_HAS_AVX512
   add("avx512");
 #endif

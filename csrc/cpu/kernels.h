@@ -1,5 +1,5 @@
 // The boundary between the torch-facing glue (compiled for the baseline ISA)
-// and the kernels (compiled once per ISA: avx2, avx512, or generic).
+// and the kernels (compiled once per ISA: avx2, avx512, avx512_bf16, or generic).
 //
 // Deliberately torch-free and STL-free: a kernel translation unit compiled
 // with -mavx512f must not instantiate any inline function with external
@@ -70,18 +70,19 @@ struct KernelTable {
                  int64_t ldo);
 
   // The same for bfloat16 with W packed in k pairs, [ceil(N/16), ceil(K/2),
-  // 16, 2], multiplied with AVX512_BF16's dot products. Null where not
-  // compiled; where compiled, callable only if the CPU has AVX512_BF16
-  // (isa.cpp's has_linear_bf16_pairs checks both).
+  // 16, 2], multiplied with AVX512_BF16's dot products: avx512_bf16 only,
+  // null on the other code paths.
   void (*linear_bf16_pairs)(void* out, const void* x, const void* packed,
                             const void* bias, int64_t M, int64_t N, int64_t K,
                             int64_t ldx, int64_t ldo);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is
-// decided by CMake (ENGINE_HAS_AVX2 / ENGINE_HAS_AVX512 / ENGINE_HAS_GENERIC).
+// decided by CMake (ENGINE_HAS_AVX2 / ENGINE_HAS_AVX512 / ENGINE_HAS_AVX512_BF16 /
+// ENGINE_HAS_GENERIC).
 const KernelTable* kernels_avx2();
 const KernelTable* kernels_avx512();
+const KernelTable* kernels_avx512_bf16();
 const KernelTable* kernels_generic();
 
 }  // namespace engine_cpu

@@ -120,8 +120,38 @@ inline __m512i vpack_bits2(VecI a, VecI b) {
   const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
   return _mm512_permutexvar_epi64(order, _mm512_packus_epi32(a, b));
 }
-inline void vstore_bits2(uint16_t* p, VecI a, VecI b) {
-  _mm512_storeu_si512(p, vpack_bits2(a, b));
+inline void vstore_bits2(uint16_t* p, VecI a, VecI b) { _mm512_storeu_si512(p, vpack_bits2(a, b)); }
+// a's 16 values and then b's as bfloat16 bits, in one vector.
+using VecP = __m512i;
+#ifdef __AVX512BF16__
+#define ENGINE_BF16_CVT 1
+// vcvtne2ps2bf16 rounds to nearest even as c10::BFloat16 does, but it flushes
+// denormals to zero and keeps NaN payloads: a vector holding either takes the
+// integer rounding instead, so results stay bit-identical to the other paths.
+constexpr int kBf16Special = 0x01 | 0x20 | 0x80;  // fpclass: quiet NaN, denormal, signalling NaN
+inline bool vbf16_plain(VecF v) { return _mm512_fpclass_ps_mask(v, kBf16Special) == 0; }
+inline VecP vpack2(VecF a, VecF b) {
+  if (__builtin_expect(vbf16_plain(a) & vbf16_plain(b), 1))
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+  return vpack_bits2(vbf16_bits(a), vbf16_bits(b));
+}
+inline void vstore(uint16_t* p, VecF v) {
+  if (__builtin_expect(vbf16_plain(v), 1))
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  else
+    vstore_bits(p, vbf16_bits(v));
+}
+inline VecF vwiden(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+inline VecF vwiden_lo(VecP v) { return vwiden(_mm512_castsi512_si256(v)); }
+inline VecF vwiden_hi(VecP v) { return vwiden(_mm512_extracti64x4_epi64(v, 1)); }
+#else
+inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
+inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
+#endif
+inline void vstore_p(uint16_t* p, VecP v) { _mm512_storeu_si512(p, v); }
+inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_extracti64x4_epi64(v, 1));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -161,45 +191,51 @@ inline void vstore_bits(uint16_t* p, VecI bits) {
   __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
+inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
 // Two vectors in one pack: packus works within 128-bit lanes, one permute
 // restores the order (half the shuffles of two vstore_bits).
+inline __m256i vpack_bits2(VecI a, VecI b) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+}
 inline void vstore_bits2(uint16_t* p, VecI a, VecI b) {
-  __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), vpack_bits2(a, b));
+}
+using VecP = __m256i;  // a's 8 values and then b's as bfloat16 bits
+inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
+inline void vstore_p(uint16_t* p, VecP v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_extracti128_si256(v, 1));
 }
 #endif
 
 #ifdef ENGINE_VEC_WIDTH
 constexpr int64_t W = ENGINE_VEC_WIDTH;
-inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
 inline void vstore2(float* p, VecF a, VecF b) {
   vstore(p, a);
   vstore(p + W, b);
 }
-inline void vstore2(uint16_t* p, VecF a, VecF b) { vstore_bits2(p, vbf16_bits(a), vbf16_bits(b)); }
+inline void vstore2(uint16_t* p, VecF a, VecF b) { vstore_p(p, vpack2(a, b)); }
 // a to p, b to q (rotary's two halves).
 inline void vstore_split(float* p, float* q, VecF a, VecF b) {
   vstore(p, a);
   vstore(q, b);
 }
-inline void vstore_split(uint16_t* p, uint16_t* q, VecF a, VecF b) {
-#if ENGINE_VEC_WIDTH == 8
-  __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(vbf16_bits(a), vbf16_bits(b)), 0xD8);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_extracti128_si256(packed, 1));
-#else
-  __m512i packed = vpack_bits2(vbf16_bits(a), vbf16_bits(b));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(packed));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_extracti64x4_epi64(packed, 1));
-#endif
-}
+inline void vstore_split(uint16_t* p, uint16_t* q, VecF a, VecF b) { vstore_halves(p, q, vpack2(a, b)); }
 // Store a and b as T and replace them by the values stored (rounded once).
 inline void vstore2_rounded(float* p, VecF& a, VecF& b) { vstore2(p, a, b); }
 inline void vstore2_rounded(uint16_t* p, VecF& a, VecF& b) {
+#ifdef ENGINE_BF16_CVT  // widening the rounded values back is cheaper than rounding by hand
+  const VecP v = vpack2(a, b);
+  vstore_p(p, v);
+  a = vwiden_lo(v);
+  b = vwiden_hi(v);
+#else
   VecI ba = vbf16_bits(a), bb = vbf16_bits(b);
   vstore_bits2(p, ba, bb);
   a = vbits_to_float(ba);
   b = vbits_to_float(bb);
+#endif
 }
 // The value a float becomes once stored as T (for fused_add_rms_norm, which
 // normalizes exactly the residual it stored).
@@ -776,7 +812,7 @@ void linear(DType dt, void* out, const void* x, const void* packed, const void* 
 #define ENGINE_LINEAR nullptr
 #endif
 
-#if ENGINE_VEC_WIDTH == 16
+#ifdef __AVX512BF16__
 void linear_bf16_pairs(void* out, const void* x, const void* packed, const void* bias, int64_t M,
                        int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
   linear_t<Bf16PairTile>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),

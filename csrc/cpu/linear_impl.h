@@ -25,15 +25,52 @@ struct TileShape {
 constexpr TileShape DECODE = {1, W == 16 ? 16 : 6};
 constexpr TileShape PREFILL = {W == 16 ? 2 : 1, W == 16 ? 8 : 6};
 
-// acc[r] = sum_k a[k * MR + r] * panels[j][k, :] for the P panels from `panel`
-// (P * K * NR apart). With few rows, each row gets two accumulator sets (even
-// and odd k) so that FMA latency does not bound it.
-template <int MR, int P, typename T>
-inline void linear_tile(const float* a, const T* panel, int64_t K, float* out_f,
-                        const float* bias) {
+// How rows of x are laid out for a tile and how the microkernel multiplies
+// them with the weight, which holds KP k values a step per column.
+// FmaTile: x as floats, one k a step, the weight converted to float in
+// registers (float32 and bfloat16 on AVX2 and AVX-512).
+template <typename T>
+struct FmaTile {
+  using A = float;
+  static constexpr int64_t KP = 1;  // k values a step
+  static A load_a(const T* xr, int64_t k, int64_t) { return Elem<T>::load(xr[k]); }
+  static VecF load_b(const T* p) { return vload(p); }
+  static VecF broadcast(A a) { return vset1(a); }
+  static VecF madd(VecF acc, VecF a, VecF b) { return vfma(a, b, acc); }
+};
+
+#ifdef __AVX512BF16__
+// bfloat16 on CPUs with AVX512_BF16 (Zen 4 and later, Cooper Lake, Sapphire
+// Rapids): vdpbf16ps multiplies two bfloat16 pairs a lane and adds both
+// products to a float accumulator, exactly (bfloat16 products fit a float),
+// so one instruction does the work of two FMAs and the weight is never
+// converted. The weight holds k pairs, [ceil(N/16), ceil(K/2), 16, 2]: one
+// 64-byte vector a pair of k for 16 columns; x is broadcast a pair at a time.
+struct Bf16PairTile {
+  using A = uint32_t;  // x[k] in the low half, x[k + 1] in the high one
+  static constexpr int64_t KP = 2;
+  static A load_a(const uint16_t* xr, int64_t step, int64_t K) {
+    const int64_t k = 2 * step;
+    return uint32_t{xr[k]} | (k + 1 < K ? uint32_t{xr[k + 1]} << 16 : 0u);
+  }
+  static __m512bh load_b(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static __m512bh broadcast(A a) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(a)); }
+  static VecF madd(VecF acc, __m512bh a, __m512bh b) { return _mm512_dpbf16_ps(acc, a, b); }
+};
+#endif
+
+// acc[r] = sum over steps s of a[s * MR + r] times the P panels from `panel`
+// (P * steps * NR * KP apart) at step s. With few rows, each row gets two
+// accumulator sets (even and odd steps) so that FMA latency does not bound it.
+template <typename Tile, int MR, int P, typename T>
+void linear_tile(const typename Tile::A* a, const T* panel, int64_t steps, float* out_f,
+                 const float* bias) {
   constexpr int64_t TILE_COLS = P * NR;
-  constexpr int NB = P * NV;  // vectors per k
+  constexpr int64_t STEP = NR * Tile::KP;  // elements of one panel a step
+  constexpr int64_t VSTEP = W * Tile::KP;  // elements of one vector a step
+  constexpr int NB = P * NV;  // vectors a step
   constexpr int KU = MR * NB < 4 ? 2 : 1;
+  using B = decltype(Tile::load_b(panel));
   VecF acc[KU][MR][NB];
   for (int u = 0; u < KU; ++u)
     for (int r = 0; r < MR; ++r)
@@ -41,31 +78,31 @@ inline void linear_tile(const float* a, const T* panel, int64_t K, float* out_f,
   // The hardware prefetcher alone leaves most of the memory bandwidth unused
   // here; this fetches 4 KiB ahead in each panel, running past a panel's end
   // into the next one, which is the thread's next.
-  constexpr int64_t ahead = 4096 / (NR * sizeof(T));
+  constexpr int64_t ahead = 4096 / (STEP * sizeof(T));  // steps
   int64_t k = 0;
-  for (; k + KU <= K; k += KU) {
+  for (; k + KU <= steps; k += KU) {
 #pragma GCC unroll 2
     for (int u = 0; u < KU; ++u) {
-      VecF b[NB];
+      B b[NB];
       for (int j = 0; j < P; ++j) {
-        const T* pk = panel + j * K * NR + (k + u) * NR;
-        _mm_prefetch(reinterpret_cast<const char*>(pk + ahead * NR), _MM_HINT_T0);
-        for (int v = 0; v < NV; ++v) b[j * NV + v] = vload(pk + v * W);
+        const T* pk = panel + j * steps * STEP + (k + u) * STEP;
+        _mm_prefetch(reinterpret_cast<const char*>(pk + ahead * STEP), _MM_HINT_T0);
+        for (int v = 0; v < NV; ++v) b[j * NV + v] = Tile::load_b(pk + v * VSTEP);
       }
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        VecF av = vset1(a[(k + u) * MR + r]);
-        for (int v = 0; v < NB; ++v) acc[u][r][v] = vfma(av, b[v], acc[u][r][v]);
+        const auto av = Tile::broadcast(a[(k + u) * MR + r]);
+        for (int v = 0; v < NB; ++v) acc[u][r][v] = Tile::madd(acc[u][r][v], av, b[v]);
       }
     }
   }
-  for (; k < K; ++k) {
-    VecF b[NB];
+  for (; k < steps; ++k) {
+    B b[NB];
     for (int j = 0; j < P; ++j)
-      for (int v = 0; v < NV; ++v) b[j * NV + v] = vload(panel + j * K * NR + k * NR + v * W);
+      for (int v = 0; v < NV; ++v) b[j * NV + v] = Tile::load_b(panel + j * steps * STEP + k * STEP + v * VSTEP);
     for (int r = 0; r < MR; ++r) {
-      VecF av = vset1(a[k * MR + r]);
-      for (int v = 0; v < NB; ++v) acc[0][r][v] = vfma(av, b[v], acc[0][r][v]);
+      const auto av = Tile::broadcast(a[k * MR + r]);
+      for (int v = 0; v < NB; ++v) acc[0][r][v] = Tile::madd(acc[0][r][v], av, b[v]);
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -76,20 +113,6 @@ inline void linear_tile(const float* a, const T* panel, int64_t K, float* out_f,
     }
 }
 
-// How rows of x are laid out for a tile and which microkernel reads them.
-// FmaTile: x as floats, one k a step, the weight converted to float in
-// registers (float32 and bfloat16 on AVX2 and AVX-512).
-template <typename T>
-struct FmaTile {
-  using A = float;
-  static constexpr int64_t KP = 1;  // k values a step
-  static A load_a(const T* xr, int64_t k, int64_t) { return Elem<T>::load(xr[k]); }
-  template <int MR, int P>
-  static void run(const A* a, const T* panel, int64_t steps, float* out_f, const float* bias) {
-    linear_tile<MR, P, T>(a, panel, steps, out_f, bias);
-  }
-};
-
 template <typename Tile, typename T>
 using TileFn = void (*)(const typename Tile::A*, const T*, int64_t, float*, const float*);
 
@@ -99,14 +122,14 @@ inline TileFn<Tile, T> tile_fn(int mr) {
   switch (mr) {
 #define ENGINE_TILE_CASE(n) \
   case n:                   \
-    return &Tile::template run<(n <= MR_MAX ? n : MR_MAX), P>;
+    return &linear_tile<Tile, (n <= MR_MAX ? n : MR_MAX), P, T>;
     ENGINE_TILE_CASE(1) ENGINE_TILE_CASE(2) ENGINE_TILE_CASE(3) ENGINE_TILE_CASE(4)
     ENGINE_TILE_CASE(5) ENGINE_TILE_CASE(6) ENGINE_TILE_CASE(7) ENGINE_TILE_CASE(8)
     ENGINE_TILE_CASE(9) ENGINE_TILE_CASE(10) ENGINE_TILE_CASE(11) ENGINE_TILE_CASE(12)
     ENGINE_TILE_CASE(13) ENGINE_TILE_CASE(14) ENGINE_TILE_CASE(15)
 #undef ENGINE_TILE_CASE
     default:
-      return &Tile::template run<MR_MAX, P>;
+      return &linear_tile<Tile, MR_MAX, P, T>;
   }
 }
 
@@ -188,73 +211,3 @@ void linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, int
   else
     linear_shaped<PREFILL, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
 }
-
-#if ENGINE_VEC_WIDTH == 16
-// bfloat16 on CPUs with AVX512_BF16 (Zen 4 and later, Cooper Lake, Sapphire
-// Rapids): vdpbf16ps multiplies two bfloat16 pairs a lane and adds both
-// products to a float accumulator, exactly (bfloat16 products fit a float),
-// so one instruction does the work of two FMAs and the weight is never
-// converted. The weight holds k pairs: [ceil(N/16), ceil(K/2), 16, 2], one
-// 64-byte vector a pair of k for 16 columns; x is broadcast a pair at a time.
-// Only these functions are compiled for AVX512_BF16 (the rest of this code
-// path runs on any AVX-512 CPU); the caller checks the CPU first.
-#define ENGINE_BF16_DOT __attribute__((target("avx512bf16")))
-
-template <int MR, int P>
-ENGINE_BF16_DOT void linear_tile_pairs(const uint32_t* a, const uint16_t* panel, int64_t steps,
-                                       float* out_f, const float* bias) {
-  constexpr int64_t TILE_COLS = P * NR, STEP = 2 * NR;
-  constexpr int KU = MR * P < 4 ? 2 : 1;
-  __m512 acc[KU][MR][P];
-  for (int u = 0; u < KU; ++u)
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < P; ++j)
-        acc[u][r][j] = bias && u == 0 ? _mm512_loadu_ps(bias + j * NR) : _mm512_setzero_ps();
-  constexpr int64_t ahead = 4096 / (STEP * sizeof(uint16_t));  // as linear_tile
-  int64_t k = 0;
-  for (; k + KU <= steps; k += KU) {
-#pragma GCC unroll 2
-    for (int u = 0; u < KU; ++u) {
-      __m512bh b[P];
-      for (int j = 0; j < P; ++j) {
-        const uint16_t* pk = panel + j * steps * STEP + (k + u) * STEP;
-        _mm_prefetch(reinterpret_cast<const char*>(pk + ahead * STEP), _MM_HINT_T0);
-        b[j] = (__m512bh)_mm512_loadu_si512(pk);
-      }
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[(k + u) * MR + r]));
-        for (int j = 0; j < P; ++j) acc[u][r][j] = _mm512_dpbf16_ps(acc[u][r][j], av, b[j]);
-      }
-    }
-  }
-  for (; k < steps; ++k) {
-    for (int j = 0; j < P; ++j) {
-      __m512bh b = (__m512bh)_mm512_loadu_si512(panel + j * steps * STEP + k * STEP);
-      for (int r = 0; r < MR; ++r)
-        acc[0][r][j] = _mm512_dpbf16_ps(
-            acc[0][r][j], (__m512bh)_mm512_set1_epi32(static_cast<int>(a[k * MR + r])), b);
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < P; ++j) {
-      __m512 sum = acc[0][r][j];
-      for (int u = 1; u < KU; ++u) sum = _mm512_add_ps(sum, acc[u][r][j]);
-      _mm512_storeu_ps(out_f + r * TILE_COLS + j * NR, sum);
-    }
-}
-
-struct Bf16PairTile {
-  using A = uint32_t;  // x[k] in the low half, x[k + 1] in the high one
-  static constexpr int64_t KP = 2;
-  static A load_a(const uint16_t* xr, int64_t step, int64_t K) {
-    const int64_t k = 2 * step;
-    return uint32_t{xr[k]} | (k + 1 < K ? uint32_t{xr[k + 1]} << 16 : 0u);
-  }
-  template <int MR, int P>
-  static void run(const A* a, const uint16_t* panel, int64_t steps, float* out_f,
-                  const float* bias) {
-    linear_tile_pairs<MR, P>(a, panel, steps, out_f, bias);
-  }
-};
-#endif

@@ -49,19 +49,6 @@ def thp_mode(root: Path = Path("/")) -> str | None:
     return next((w[1:-1] for w in text.split() if w.startswith("[")), None)
 
 
-def advise(t: torch.Tensor) -> bool:
-    """Ask for huge pages under the 2 MiB-aligned part of t's storage (call it
-    before the pages are touched). False where nothing was advised: a small
-    tensor, a kernel without THP, not Linux, not a CPU tensor."""
-    fn = _madvise()
-    if fn is None or t.device.type != "cpu":
-        return False
-    start = t.data_ptr()
-    end = start + t.untyped_storage().nbytes()
-    lo, hi = -(-start // HUGE) * HUGE, end // HUGE * HUGE
-    return hi > lo and fn(lo, hi - lo, MADV_HUGEPAGE) == 0
-
-
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """torch.empty on the CPU in huge pages where the kernel allows: a fresh
     anonymous mapping of its own, 2 MiB-aligned and advised before anything

@@ -95,9 +95,11 @@ def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
            bias: torch.Tensor | None) -> None:
     """The panel kernel's reference: unpack [ceil(N/16), K, 16] (or its k pairs,
     [ceil(N/16), ceil(K/2), 32]) and F.linear in float32."""
+    from engine.layers.linear import PANEL
+
     n, k = out.shape[1], input.shape[1]
     panels, steps, width = packed_weight.shape
-    k_pack = width // 16
-    w = (packed_weight.view(panels, steps, 16, k_pack).permute(0, 2, 1, 3)
-         .reshape(panels * 16, steps * k_pack)[:n, :k])
+    k_pack = width // PANEL
+    w = (packed_weight.view(panels, steps, PANEL, k_pack).permute(0, 2, 1, 3)
+         .reshape(panels * PANEL, steps * k_pack)[:n, :k])
     out.copy_(F.linear(input.float(), w.float(), None if bias is None else bias.float()))

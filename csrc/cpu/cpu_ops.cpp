@@ -94,24 +94,26 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
                     ": input must be 2-D with a contiguous last dimension, got shape ",
                     input.sizes(), " and strides ", input.strides());
   const int64_t M = input.size(0), K = input.size(1);
-  // The panel width says the layout: 16 k-major columns, or 16 columns by k
-  // pairs (32 values a step) for the AVX512_BF16 kernel.
-  const bool pairs = packed_weight.dim() == 3 && packed_weight.size(2) == 32;
+  // The panel width says the layout: kPanel k-major columns, or kPanel columns
+  // by k pairs (2 * kPanel values a step) for the AVX512_BF16 kernel.
+  using engine_cpu::kPanel;
+  const bool pairs = packed_weight.dim() == 3 && packed_weight.size(2) == 2 * kPanel;
   const int64_t steps = pairs ? (K + 1) / 2 : K;
   TORCH_CHECK_VALUE(packed_weight.dim() == 3 && packed_weight.size(1) == steps &&
-                        (packed_weight.size(2) == 16 || pairs) && packed_weight.is_contiguous(),
-                    op, ": packed_weight must be contiguous [ceil(N/16), ", K,
-                    ", 16] or, in k pairs, [ceil(N/16), ", (K + 1) / 2,
-                    ", 32] (engine.layers.linear.pack_panels), got shape ", packed_weight.sizes());
+                        (packed_weight.size(2) == kPanel || pairs) && packed_weight.is_contiguous(),
+                    op, ": packed_weight must be contiguous [ceil(N/", kPanel, "), ", K, ", ",
+                    kPanel, "] or, in k pairs, [ceil(N/", kPanel, "), ", (K + 1) / 2, ", ",
+                    2 * kPanel, "] (engine.layers.linear.pack_panels), got shape ",
+                    packed_weight.sizes());
   TORCH_CHECK_VALUE(!pairs || dt == at::kBFloat16, op,
                     ": a weight packed in k pairs is bfloat16 only, got ", dt);
   TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == M && out.stride(1) == 1, op,
                     ": out must be [", M, ", N] with a contiguous last dimension, got shape ",
                     out.sizes());
   const int64_t N = out.size(1);
-  TORCH_CHECK_VALUE((N + 15) / 16 == packed_weight.size(0), op, ": out has ", N,
-                    " columns but packed_weight holds ", packed_weight.size(0) * 16,
-                    " (padded to 16)");
+  TORCH_CHECK_VALUE((N + kPanel - 1) / kPanel == packed_weight.size(0), op, ": out has ", N,
+                    " columns but packed_weight holds ", packed_weight.size(0) * kPanel,
+                    " (padded to ", kPanel, ")");
   const void* b = nullptr;
   if (bias.has_value()) {
     check_like(*bias, input, op, "bias", "input");

@@ -14,6 +14,9 @@ namespace engine_cpu {
 
 enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 
+// Columns per panel of a packed linear weight (engine.layers.linear.PANEL).
+constexpr int64_t kPanel = 16;
+
 // Every pointer is to the first element; strides are in elements.
 struct KernelTable {
   const char* isa;
@@ -62,7 +65,7 @@ struct KernelTable {
                           int64_t head_size, int64_t block_size,
                           int64_t max_blocks, float scale);
 
-  // out[m, :N] = x[m, :K] @ W^T (+ bias[:N]) with W packed as panels of 16
+  // out[m, :N] = x[m, :K] @ W^T (+ bias[:N]) with W packed as panels of kPanel
   // columns, [ceil(N/16), K, 16] contiguous (linear_impl.h). Null on the code
   // paths without it (the caller then uses torch's linear).
   void (*linear)(DType dt, void* out, const void* x, const void* packed,

@@ -10,7 +10,7 @@
 // (converted from bfloat16 in registers) per MR fused multiply-adds.
 //
 
-constexpr int64_t NR = 16;  // engine.layers.linear.PANEL
+constexpr int64_t NR = kPanel;
 constexpr int64_t NV = NR / W;  // vectors per panel row
 // A tile is up to MR_MAX rows by NP panels. AVX2: 6 rows by one panel (its 16
 // registers hold 6 x 2 accumulators). AVX-512, up to 16 rows (decode): 16 rows

@@ -1,8 +1,13 @@
 """The paged KV cache's bookkeeping: which blocks are free, which each
-sequence holds. A sequence of n tokens holds ceil(n / block_size) blocks."""
-from __future__ import annotations
+sequence holds. A sequence of n tokens holds ceil(n / block_size) blocks.
 
-from collections import deque
+Free blocks are a stack: the block freed last is handed out first. The cache
+is committed lazily (its pages are touched as blocks fill), so reusing warm
+blocks keeps the resident memory at the working set instead of growing to the
+whole cache as a queue would cycle through it, and skips a page fault (and, in
+huge pages, zeroing 2 MiB) for every block of fresh memory; the rows are also
+more likely to be in cache."""
+from __future__ import annotations
 
 from engine.sequence import Sequence
 
@@ -10,7 +15,7 @@ from engine.sequence import Sequence
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.free: deque[int] = deque(range(num_blocks))
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))  # block 0 on top
 
     def blocks_for(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
@@ -20,7 +25,7 @@ class BlockManager:
 
     def allocate(self, seq: Sequence) -> None:
         assert not seq.block_table
-        seq.block_table = [self.free.popleft() for _ in range(self.blocks_for(len(seq)))]
+        seq.block_table = [self.free.pop() for _ in range(self.blocks_for(len(seq)))]
 
     def can_append(self, seq: Sequence) -> bool:
         """Room for the K/V of the sequence's newest token."""
@@ -28,10 +33,10 @@ class BlockManager:
 
     def append(self, seq: Sequence) -> None:
         if self.blocks_for(len(seq)) > len(seq.block_table):
-            seq.block_table.append(self.free.popleft())
+            seq.block_table.append(self.free.pop())
 
     def free_blocks(self, seq: Sequence) -> None:
-        self.free.extend(seq.block_table)
+        self.free.extend(reversed(seq.block_table))  # its first block on top
         seq.block_table = []
 
     @property

@@ -148,6 +148,25 @@ inline VecF vwiden_hi(VecP v) { return vwiden(_mm512_extracti64x4_epi64(v, 1)); 
 inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
 inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
 #endif
+#ifdef ENGINE_BF16_CVT
+// Pair order (see vload_pair below) is the natural one here: one instruction
+// rounds two vectors in order.
+inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
+  a = vload(p);
+  b = vload(p + ENGINE_VEC_WIDTH);
+}
+inline VecP vpack_pair(VecF a, VecF b) { return vpack2(a, b); }
+#else
+// 32 bfloat16 as two float vectors in lane order: a holds elements 0-3, 8-11,
+// 16-19, 24-27, b the others; one packus (no permute) is the inverse.
+inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
+  const __m512i v = _mm512_loadu_si512(p), zero = _mm512_setzero_si512();
+  a = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
+  b = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+}
+inline VecP vpack_pair_bits(VecI a, VecI b) { return _mm512_packus_epi32(a, b); }
+inline VecP vpack_pair(VecF a, VecF b) { return vpack_pair_bits(vbf16_bits(a), vbf16_bits(b)); }
+#endif
 inline void vstore_p(uint16_t* p, VecP v) { _mm512_storeu_si512(p, v); }
 inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(v));
@@ -202,6 +221,16 @@ inline void vstore_bits2(uint16_t* p, VecI a, VecI b) {
 }
 using VecP = __m256i;  // a's 8 values and then b's as bfloat16 bits
 inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
+// 16 bfloat16 as two float vectors in lane order: a holds elements 0-3 and
+// 8-11, b 4-7 and 12-15; one packus (no permute) is the inverse.
+inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i zero = _mm256_setzero_si256();
+  a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+  b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
+}
+inline VecP vpack_pair_bits(VecI a, VecI b) { return _mm256_packus_epi32(a, b); }
+inline VecP vpack_pair(VecF a, VecF b) { return vpack_pair_bits(vbf16_bits(a), vbf16_bits(b)); }
 inline void vstore_p(uint16_t* p, VecP v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(v));
@@ -211,32 +240,41 @@ inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
 
 #ifdef ENGINE_VEC_WIDTH
 constexpr int64_t W = ENGINE_VEC_WIDTH;
-inline void vstore2(float* p, VecF a, VecF b) {
+// Pair order: 2 * W elements of T as two float vectors, in an order of the
+// ISA's choosing that vstore_pair undoes: natural for float, for bfloat16 the
+// one that needs the fewest shuffles. Only for element-wise work whose every
+// operand (a weight, a scratch row) is laid out in the same order; the
+// remainder of a row past its last full pair stays in natural order.
+inline void vload_pair(const float* p, VecF& a, VecF& b) {
+  a = vload(p);
+  b = vload(p + W);
+}
+inline void vstore_pair(float* p, VecF a, VecF b) {
   vstore(p, a);
   vstore(p + W, b);
 }
-inline void vstore2(uint16_t* p, VecF a, VecF b) { vstore_p(p, vpack2(a, b)); }
+inline void vstore_pair(uint16_t* p, VecF a, VecF b) { vstore_p(p, vpack_pair(a, b)); }
+// Store a and b as T and replace them by the values stored (rounded once).
+inline void vstore_pair_rounded(float* p, VecF& a, VecF& b) { vstore_pair(p, a, b); }
+inline void vstore_pair_rounded(uint16_t* p, VecF& a, VecF& b) {
+#ifdef ENGINE_BF16_CVT  // widening the rounded values back is cheaper than rounding by hand
+  const VecP v = vpack_pair(a, b);
+  vstore_p(p, v);
+  a = vwiden_lo(v);
+  b = vwiden_hi(v);
+#else
+  VecI ba = vbf16_bits(a), bb = vbf16_bits(b);
+  vstore_p(p, vpack_pair_bits(ba, bb));
+  a = vbits_to_float(ba);
+  b = vbits_to_float(bb);
+#endif
+}
 // a to p, b to q (rotary's two halves).
 inline void vstore_split(float* p, float* q, VecF a, VecF b) {
   vstore(p, a);
   vstore(q, b);
 }
 inline void vstore_split(uint16_t* p, uint16_t* q, VecF a, VecF b) { vstore_halves(p, q, vpack2(a, b)); }
-// Store a and b as T and replace them by the values stored (rounded once).
-inline void vstore2_rounded(float* p, VecF& a, VecF& b) { vstore2(p, a, b); }
-inline void vstore2_rounded(uint16_t* p, VecF& a, VecF& b) {
-#ifdef ENGINE_BF16_CVT  // widening the rounded values back is cheaper than rounding by hand
-  const VecP v = vpack2(a, b);
-  vstore_p(p, v);
-  a = vwiden_lo(v);
-  b = vwiden_hi(v);
-#else
-  VecI ba = vbf16_bits(a), bb = vbf16_bits(b);
-  vstore_bits2(p, ba, bb);
-  a = vbits_to_float(ba);
-  b = vbits_to_float(bb);
-#endif
-}
 // The value a float becomes once stored as T (for fused_add_rms_norm, which
 // normalizes exactly the residual it stored).
 inline VecF vround(VecF v, const float*) { return v; }
@@ -248,8 +286,9 @@ template <typename T>
 inline float sum_squares(const T* x, int64_t n, float* copy) {
   VecF a0 = vset1(0.f), a1 = vset1(0.f);
   int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    VecF v0 = vload(x + i), v1 = vload(x + i + W);
+  for (; i + 2 * W <= n; i += 2 * W) {  // the copy in pair order
+    VecF v0, v1;
+    vload_pair(x + i, v0, v1);
     if (copy) {
       vstore(copy + i, v0);
       vstore(copy + i + W, v1);
@@ -271,14 +310,14 @@ inline float sum_squares(const T* x, int64_t n, float* copy) {
   return acc;
 }
 
-// y = x * inv * w, x and w already floats.
+// y = x * inv * w, x and w already floats, in pair order (vload_pair).
 template <typename T>
 inline void scale_row(T* y, const float* x, const float* w, int64_t n, float inv) {
   const VecF vi = vset1(inv);
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
-    vstore2(y + i, vmul(vmul(vload(x + i), vi), vload(w + i)),
-            vmul(vmul(vload(x + i + W), vi), vload(w + i + W)));
+    vstore_pair(y + i, vmul(vmul(vload(x + i), vi), vload(w + i)),
+                vmul(vmul(vload(x + i + W), vi), vload(w + i + W)));
   }
   for (; i + W <= n; i += W) vstore(y + i, vmul(vmul(vload(x + i), vi), vload(w + i)));
   for (; i < n; ++i) y[i] = Elem<T>::store(x[i] * inv * w[i]);
@@ -300,7 +339,13 @@ struct NormScratch {
   NormScratch(const T* w, int64_t hidden) {
     if constexpr (IsBf16<T>::value) {
       buf = static_cast<float*>(malloc(sizeof(float) * 2 * hidden));
-      for (int64_t i = 0; i < hidden; ++i) buf[i] = Elem<T>::load(w[i]);
+      int64_t i = 0;
+      for (; i + 2 * W <= hidden; i += 2 * W) {  // in pair order, as the rows are read
+        VecF a, b;
+        vload_pair(w + i, a, b);
+        vstore_pair(buf + i, a, b);
+      }
+      for (; i < hidden; ++i) buf[i] = Elem<T>::load(w[i]);
       wf = buf;
       row = buf + hidden;
     } else {
@@ -340,10 +385,12 @@ void fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hid
       // The residual is stored in T and the norm is taken of what was stored.
       VecF a0 = vset1(0.f), a1 = vset1(0.f);
       int64_t i = 0;
-      for (; i + 2 * W <= hidden; i += 2 * W) {
-        VecF s0 = vadd(vload(x + i), vload(z + i));
-        VecF s1 = vadd(vload(x + i + W), vload(z + i + W));
-        vstore2_rounded(z + i, s0, s1);
+      for (; i + 2 * W <= hidden; i += 2 * W) {  // pair order (the row and the weight too)
+        VecF x0, x1, z0, z1;
+        vload_pair(x + i, x0, x1);
+        vload_pair(z + i, z0, z1);
+        VecF s0 = vadd(x0, z0), s1 = vadd(x1, z1);
+        vstore_pair_rounded(z + i, s0, s1);
         if (sc.row) {
           vstore(sc.row + i, s0);
           vstore(sc.row + i + W, s1);
@@ -375,6 +422,15 @@ void fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hid
 template <typename T, typename C>
 inline void rotate_neox(T* v, const C* cos_p, const C* sin_p, int64_t half) {
   int64_t i = 0;
+  for (; i + 2 * W <= half; i += 2 * W) {  // pair order (cos and sin alike)
+    VecF c0, c1, s0, s1, a0, a1, b0, b1;
+    vload_pair(cos_p + i, c0, c1);
+    vload_pair(sin_p + i, s0, s1);
+    vload_pair(v + i, a0, a1);
+    vload_pair(v + i + half, b0, b1);
+    vstore_pair(v + i, vfnma(b0, s0, vmul(a0, c0)), vfnma(b1, s1, vmul(a1, c1)));
+    vstore_pair(v + i + half, vfma(a0, s0, vmul(b0, c0)), vfma(a1, s1, vmul(b1, c1)));
+  }
   for (; i + W <= half; i += W) {
     VecF c = vload(cos_p + i), s = vload(sin_p + i);
     VecF x1 = vload(v + i), x2 = vload(v + i + half);
@@ -405,7 +461,15 @@ void rotary_vec(const int64_t* positions, T* x, const T* cache, int64_t tokens,
     if constexpr (IsBf16<T>::value) {
       if (half <= kMaxHalfOnStack) {
         float cf[kMaxHalfOnStack], sf[kMaxHalfOnStack];
-        for (int64_t i = 0; i < half; ++i) {
+        int64_t i = 0;
+        for (; i + 2 * W <= half; i += 2 * W) {  // in pair order, as rotate_neox reads them
+          VecF a, b;
+          vload_pair(cos_p + i, a, b);
+          vstore_pair(cf + i, a, b);
+          vload_pair(sin_p + i, a, b);
+          vstore_pair(sf + i, a, b);
+        }
+        for (; i < half; ++i) {
           cf[i] = Elem<T>::load(cos_p[i]);
           sf[i] = Elem<T>::load(sin_p[i]);
         }

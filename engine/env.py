@@ -90,7 +90,8 @@ def _cpu_report(info) -> dict:
     except envs.EnvError as exc:
         gib = f"invalid: {exc}"
     out["kv_cache"] = (f"{gib} (VLLM_CPU_KVCACHE_SPACE), checked against available memory at "
-                       "start-up, then reserved lazily: pages are committed as blocks fill")
+                       "start-up, then reserved lazily: pages are committed as blocks fill, and freed "
+                       "blocks are reused first, so what stays resident is the busiest moment's need")
     from pathlib import Path
 
     from engine import hugepages

@@ -120,7 +120,6 @@ inline __m512i vpack_bits2(VecI a, VecI b) {
   const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
   return _mm512_permutexvar_epi64(order, _mm512_packus_epi32(a, b));
 }
-inline void vstore_bits2(uint16_t* p, VecI a, VecI b) { _mm512_storeu_si512(p, vpack_bits2(a, b)); }
 // a's 16 values and then b's as bfloat16 bits, in one vector.
 using VecP = __m512i;
 #ifdef __AVX512BF16__
@@ -215,9 +214,6 @@ inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
 // restores the order (half the shuffles of two vstore_bits).
 inline __m256i vpack_bits2(VecI a, VecI b) {
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-}
-inline void vstore_bits2(uint16_t* p, VecI a, VecI b) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), vpack_bits2(a, b));
 }
 using VecP = __m256i;  // a's 8 values and then b's as bfloat16 bits
 inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }

@@ -119,7 +119,7 @@ def choose_isa(requested: str, features: CpuFeatures, compiled: Iterable[str]) -
             f"VLLM_CPU_ISA={requested} is not compiled into this build; it has: "
             f"{', '.join(compiled)} (or auto)")
     if not features.supports(requested):
-        need = "/".join(sorted(ISA_FLAGS[requested]))
+        need = "/".join(sorted(ISA_FLAGS[requested] - features.flags))  # what is missing
         runnable = [c for c in compiled if features.supports(c)]
         raise CpuIsaError(
             f"VLLM_CPU_ISA={requested} needs {need}, which this CPU lacks; {describe(features)}."

@@ -143,11 +143,6 @@ inline void vstore(uint16_t* p, VecF v) {
 inline VecF vwiden(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 inline VecF vwiden_lo(VecP v) { return vwiden(_mm512_castsi512_si256(v)); }
 inline VecF vwiden_hi(VecP v) { return vwiden(_mm512_extracti64x4_epi64(v, 1)); }
-#else
-inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
-inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
-#endif
-#ifdef ENGINE_BF16_CVT
 // Pair order (see vload_pair below) is the natural one here: one instruction
 // rounds two vectors in order.
 inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
@@ -156,6 +151,8 @@ inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
 }
 inline VecP vpack_pair(VecF a, VecF b) { return vpack2(a, b); }
 #else
+inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
+inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
 // 32 bfloat16 as two float vectors in lane order: a holds elements 0-3, 8-11,
 // 16-19, 24-27, b the others; one packus (no permute) is the inverse.
 inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
@@ -271,6 +268,18 @@ inline void vstore_split(float* p, float* q, VecF a, VecF b) {
   vstore(q, b);
 }
 inline void vstore_split(uint16_t* p, uint16_t* q, VecF a, VecF b) { vstore_halves(p, q, vpack2(a, b)); }
+// dst[0, n) = src as floats, full pairs in pair order and the rest natural:
+// the scratch copy (a weight, cos/sin) of an operand read with vload_pair.
+template <typename T>
+inline void to_float_pairs(float* dst, const T* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    VecF a, b;
+    vload_pair(src + i, a, b);
+    vstore_pair(dst + i, a, b);
+  }
+  for (; i < n; ++i) dst[i] = Elem<T>::load(src[i]);
+}
 // The value a float becomes once stored as T (for fused_add_rms_norm, which
 // normalizes exactly the residual it stored).
 inline VecF vround(VecF v, const float*) { return v; }
@@ -285,10 +294,7 @@ inline float sum_squares(const T* x, int64_t n, float* copy) {
   for (; i + 2 * W <= n; i += 2 * W) {  // the copy in pair order
     VecF v0, v1;
     vload_pair(x + i, v0, v1);
-    if (copy) {
-      vstore(copy + i, v0);
-      vstore(copy + i + W, v1);
-    }
+    if (copy) vstore_pair(copy + i, v0, v1);
     a0 = vfma(v0, v0, a0);
     a1 = vfma(v1, v1, a1);
   }
@@ -335,13 +341,7 @@ struct NormScratch {
   NormScratch(const T* w, int64_t hidden) {
     if constexpr (IsBf16<T>::value) {
       buf = static_cast<float*>(malloc(sizeof(float) * 2 * hidden));
-      int64_t i = 0;
-      for (; i + 2 * W <= hidden; i += 2 * W) {  // in pair order, as the rows are read
-        VecF a, b;
-        vload_pair(w + i, a, b);
-        vstore_pair(buf + i, a, b);
-      }
-      for (; i < hidden; ++i) buf[i] = Elem<T>::load(w[i]);
+      to_float_pairs(buf, w, hidden);  // in pair order, as the rows are read
       wf = buf;
       row = buf + hidden;
     } else {
@@ -387,10 +387,7 @@ void fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hid
         vload_pair(z + i, z0, z1);
         VecF s0 = vadd(x0, z0), s1 = vadd(x1, z1);
         vstore_pair_rounded(z + i, s0, s1);
-        if (sc.row) {
-          vstore(sc.row + i, s0);
-          vstore(sc.row + i + W, s1);
-        }
+        if (sc.row) vstore_pair(sc.row + i, s0, s1);
         a0 = vfma(s0, s0, a0);
         a1 = vfma(s1, s1, a1);
       }
@@ -457,18 +454,8 @@ void rotary_vec(const int64_t* positions, T* x, const T* cache, int64_t tokens,
     if constexpr (IsBf16<T>::value) {
       if (half <= kMaxHalfOnStack) {
         float cf[kMaxHalfOnStack], sf[kMaxHalfOnStack];
-        int64_t i = 0;
-        for (; i + 2 * W <= half; i += 2 * W) {  // in pair order, as rotate_neox reads them
-          VecF a, b;
-          vload_pair(cos_p + i, a, b);
-          vstore_pair(cf + i, a, b);
-          vload_pair(sin_p + i, a, b);
-          vstore_pair(sf + i, a, b);
-        }
-        for (; i < half; ++i) {
-          cf[i] = Elem<T>::load(cos_p[i]);
-          sf[i] = Elem<T>::load(sin_p[i]);
-        }
+        to_float_pairs(cf, cos_p, half);  // in pair order, as rotate_neox reads them
+        to_float_pairs(sf, sin_p, half);
         for (int64_t h = 0; h < heads; ++h) rotate_neox(xt + h * head_stride, cf, sf, half);
         continue;
       }

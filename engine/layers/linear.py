@@ -32,7 +32,7 @@ def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
                                       cpu_features.TorchLinearSupport.detect(),
                                       panels=ops.has_panel_linear(),
                                       requested=envs.cpu_linear(),
-                                      bf16_pairs=ops.panel_k_pack(torch.bfloat16) == 2)
+                                      bf16_pairs=ops.has_bf16_pair_linear())
 
 
 PANEL = 16  # columns per panel: one AVX-512 vector, two AVX2 ones

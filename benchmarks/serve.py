@@ -8,6 +8,11 @@ For 1, 16 and 64 concurrent streaming clients: output tokens/s, the ratio to
 offline (target >= 0.9x) and to vLLM (target >= 1.0x at 1 and 16 clients),
 time to first token p50/p99; start-up time to a healthy /health. Greedy, EOS
 ignored, 32-word prompts, 128 new tokens, threads bound to CPUs 0-1.
+
+The sides take turns, one round each (offline, engine serve, vllm serve,
+offline, ...), every process loaded before the first round: this machine's
+speed drifts by tens of percent over minutes, and a ratio of figures taken
+minutes apart measures the drift. The fastest round of each side counts.
 """
 from __future__ import annotations
 
@@ -38,34 +43,49 @@ TARGET_VS_PEER = 1.0  # at 1 and 16 clients
 PEER_CHECKED_AT = (1, 16)
 
 
-def offline_child(model: str, new: int, words: int, repeats: int) -> None:
-    """Runs in its own process: offline tokens/s at each concurrency (the
-    fastest of `repeats` runs, as for the served figures)."""
+def offline_child(model: str, words: int) -> None:
+    """Runs in its own process: loads the model once, then runs one offline
+    round per line "CLIENTS NEW" read from stdin and answers its tokens/s."""
     from engine import LLM, SamplingParams
 
     llm = LLM(model=model, dtype="float32", max_model_len=MAX_POS)
     prompts = prompt_ids(max(CONCURRENCY), words)
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=SamplingParams(temperature=0,
                                                                               max_tokens=4))
-    out = {}
-    for c in CONCURRENCY:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            outs = llm.generate(prompt_token_ids=prompts[:c], sampling_params=SamplingParams(
-                temperature=0, max_tokens=new, ignore_eos=True))
-            dt = time.perf_counter() - t0
-            out[c] = max(out.get(c, 0.0), sum(len(o.outputs[0].token_ids) for o in outs) / dt)
-    print(json.dumps(out))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        c, new = map(int, line.split())
+        t0 = time.perf_counter()
+        outs = llm.generate(prompt_token_ids=prompts[:c], sampling_params=SamplingParams(
+            temperature=0, max_tokens=new, ignore_eos=True))
+        dt = time.perf_counter() - t0
+        print(json.dumps(sum(len(o.outputs[0].token_ids) for o in outs) / dt), flush=True)
 
 
-def offline(model: str, new: int, words: int, repeats: int, env) -> dict[int, float]:
-    res = subprocess.run([sys.executable, __file__, "--offline-child", "--model", model,
-                          "--new", str(new), "--prompt-words", str(words),
-                          "--repeats", str(repeats)],
-                         capture_output=True, text=True, env=env)
-    if res.returncode != 0:
-        sys.exit(f"offline run failed:\n{res.stderr[-3000:]}")
-    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+class Offline:
+    """The offline side: a loaded LLM in a child process, one round per call."""
+
+    def __init__(self, model: str, words: int, env):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--offline-child", "--model",
+                                      model, "--prompt-words", str(words)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env)
+        self._answer()
+
+    def _answer(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"the offline run exited {self.proc.wait()}")
+        return line
+
+    def round(self, clients: int, new: int) -> float:
+        self.proc.stdin.write(f"{clients} {new}\n")
+        self.proc.stdin.flush()
+        return float(self._answer())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 class Served:
@@ -149,20 +169,23 @@ async def _round(url: str, model: str, prompts, new: int):
     return sum(n for n, _ in res) / (time.perf_counter() - t0), [t for _, t in res]
 
 
-def measure_served(server: Served, model: str, new: int, words: int,
-                   repeats: int) -> dict[int, dict]:
-    """Per concurrency, the fastest of `repeats` rounds (and its TTFTs): this
-    machine's speed drifts by tens of percent over minutes."""
-    prompts = prompt_ids(max(CONCURRENCY), words)
-    asyncio.run(_round(server.url, model, prompts[:2], 4))  # warm-up
-    out = {}
+def served_round(server: Served, model: str, prompts, new: int) -> dict:
+    tps, ttfts = asyncio.run(_round(server.url, model, prompts, new))
+    ttfts.sort()
+    return {"tok_s": tps, "ttft_p50": statistics.median(ttfts),
+            "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]}
+
+
+def measure(sides: dict, new: int, repeats: int) -> dict[str, dict[int, dict]]:
+    """sides: name -> round(clients, new) -> {"tok_s": ...}. Per side and
+    concurrency, the fastest of `repeats` rounds, the sides taking turns."""
+    out: dict[str, dict[int, dict]] = {name: {} for name in sides}
     for c in CONCURRENCY:
         for _ in range(repeats):
-            tps, ttfts = asyncio.run(_round(server.url, model, prompts[:c], new))
-            if tps > out.get(c, {}).get("tok_s", 0.0):
-                ttfts.sort()
-                out[c] = {"tok_s": tps, "ttft_p50": statistics.median(ttfts),
-                          "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]}
+            for name, one_round in sides.items():
+                r = one_round(c, new)
+                if r["tok_s"] > out[name].get(c, {}).get("tok_s", 0.0):
+                    out[name][c] = r
     return out
 
 
@@ -188,37 +211,44 @@ def main() -> int:
     p.add_argument("--model", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.offline_child:
-        offline_child(a.model, a.new, a.prompt_words, a.repeats)
+        offline_child(a.model, a.prompt_words)
         return 0
     env = peer_env(a.threads)
     peer_python = require_peer() if a.peer else None
+    servers: list[Served] = []
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_model(Path(tmp) / "model", a.model_size))
         print(f"model: random Llama '{a.model_size}' {MODEL_SIZES[a.model_size]}, float32; "
               f"{a.prompt_words}-word prompts, {a.new} new tokens, greedy, CPUs {a.threads}")
-        base = offline(model, a.new, a.prompt_words, a.repeats, env)
-        port = free_port()
-        ours = Served([sys.executable, "-m", "engine.cli", "serve", model, "--port", str(port),
-                       "--dtype", "float32", "--max-model-len", str(MAX_POS),
-                       "--served-model-name", "m", "--uvicorn-log-level", "warning"],
-                      {**env, "PYTHONPATH": str(REPO)}, port, Path(tmp) / "engine.log")
+        offline = Offline(model, a.prompt_words, env)
         try:
-            served = measure_served(ours, "m", a.new, a.prompt_words, a.repeats)
-        finally:
-            ours.close()
-        peer = None
-        if peer_python:
             port = free_port()
-            theirs = Served([str(peer_python), "-m", "vllm.entrypoints.openai.api_server",
-                             "--model", model, "--served-model-name", "m", "--dtype", "float32",
-                             "--max-model-len", str(MAX_POS), "--port", str(port),
-                             "--host", "127.0.0.1"],
-                            env, port, Path(tmp) / "vllm.log")
-            try:
-                peer = measure_served(theirs, "m", a.new, a.prompt_words, a.repeats)
-            finally:
-                theirs.close()
-    return report(a, base, served, ours.startup, peer, theirs.startup if peer else None)
+            servers.append(Served(
+                [sys.executable, "-m", "engine.cli", "serve", model, "--port", str(port),
+                 "--dtype", "float32", "--max-model-len", str(MAX_POS),
+                 "--served-model-name", "m", "--uvicorn-log-level", "warning"],
+                {**env, "PYTHONPATH": str(REPO)}, port, Path(tmp) / "engine.log"))
+            if peer_python:
+                port = free_port()
+                servers.append(Served(
+                    [str(peer_python), "-m", "vllm.entrypoints.openai.api_server",
+                     "--model", model, "--served-model-name", "m", "--dtype", "float32",
+                     "--max-model-len", str(MAX_POS), "--port", str(port), "--host",
+                     "127.0.0.1"], env, port, Path(tmp) / "vllm.log"))
+            prompts = prompt_ids(max(CONCURRENCY), a.prompt_words)
+            sides = {"offline": lambda c, new: {"tok_s": offline.round(c, new)}}
+            for name, server in zip(("served", "peer"), servers):
+                asyncio.run(_round(server.url, "m", prompts[:2], 4))  # warm-up
+                sides[name] = (lambda server: lambda c, new: served_round(
+                    server, "m", prompts[:c], new))(server)
+            got = measure(sides, a.new, a.repeats)
+        finally:
+            for server in servers:
+                server.close()
+            offline.close()
+    base = {c: r["tok_s"] for c, r in got["offline"].items()}
+    return report(a, base, got["served"], servers[0].startup, got.get("peer"),
+                  servers[1].startup if peer_python else None)
 
 
 def report(a, base, served, startup, peer, peer_startup) -> int:

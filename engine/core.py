@@ -2,7 +2,7 @@
 at a time. Requests may be added or aborted between any two steps: a new one
 joins the running batch at the next step, a finished one leaves, an aborted one
 gives its KV blocks back at once. The offline `LLM` drives it in a loop; the
-server's `AsyncLLM` drives it from its own thread."""
+server's `AsyncLLM` steps it inside the event loop that serves the requests."""
 from __future__ import annotations
 
 import logging

@@ -194,6 +194,7 @@ def test_async_llm_closing_a_stream_aborts_it(tiny):
     llm = AsyncLLM(core)
 
     async def run():
+        steps = asyncio.ensure_future(llm.run())
         seq = llm.make_sequence("one two", SamplingParams(temperature=0, max_tokens=200,
                                                           ignore_eos=True))
         gen = llm.generate(seq)
@@ -202,12 +203,11 @@ def test_async_llm_closing_a_stream_aborts_it(tiny):
         short = llm.make_sequence("one two", SamplingParams(temperature=0, max_tokens=4,
                                                             ignore_eos=True))
         tail = [u async for u in llm.generate(short)]
+        llm.shutdown()
+        await asyncio.wait_for(steps, 30)
         return seq, got, tail
 
-    try:
-        seq, got, tail = asyncio.run(run())
-    finally:
-        llm.shutdown()
+    seq, got, tail = asyncio.run(run())
     assert all(len(u.new_token_ids) == 1 for u in got)
     assert seq.finish_reason == "abort" and seq.num_output_tokens < 200
     assert [u.finish_reason for u in tail] == [None, None, None, "length"]
@@ -255,10 +255,10 @@ def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer):
     check()
 
 
-def test_async_llm_steps_in_the_calling_thread(tiny):
-    """The server's arrangement: the thread that built the core steps it
-    (AsyncLLM.run), an event loop in another thread reads the tokens; the
-    outputs are the offline core's, and shutdown() from that thread ends run()."""
+def test_async_llm_steps_in_the_loop_and_hands_each_token_over_before_the_next_step(tiny):
+    """The server's arrangement: the core steps in the event loop's own thread
+    (AsyncLLM.run), two readers get the offline core's tokens, each token
+    reaches its reader before the next step starts, and shutdown() ends run()."""
     import threading
 
     from engine.async_llm import AsyncLLM
@@ -273,30 +273,75 @@ def test_async_llm_steps_in_the_calling_thread(tiny):
         core.add(seq)
     while core.has_unfinished():
         core.step()
-    llm = AsyncLLM(core, own_thread=False)
-    got: list = []
+    llm = AsyncLLM(core)
+    steps: list[int] = []  # the thread of each step
+    step = core.step
+
+    def counted():
+        steps.append(threading.get_ident())
+        return step()
+
+    core.step = counted
 
     async def read(prompt):
-        return [t for u in [u async for u in llm.generate(llm.make_sequence(prompt, params))]
-                for t in u.new_token_ids]
+        ids, seen = [], []
+        async for u in llm.generate(llm.make_sequence(prompt, params)):
+            ids += u.new_token_ids
+            seen.append(len(steps))  # steps begun when this token arrived
+        return ids, seen
 
     async def both():
-        return await asyncio.wait_for(asyncio.gather(read("one two"), read("three")), 60)
+        run = asyncio.ensure_future(llm.run())
+        got = await asyncio.wait_for(asyncio.gather(read("one two"), read("three")), 60)
+        llm.shutdown()
+        await asyncio.wait_for(run, 30)
+        return got
 
-    def http():
-        try:
-            got.extend(asyncio.run(both()))
-        finally:
-            llm.shutdown()
+    got = asyncio.run(both())
+    assert [ids for ids, _ in got] == [s.output_token_ids for s in want]
+    # both joined at the first step: their n-th token came from step n, read before step n+1
+    assert [seen for _, seen in got] == [list(range(1, 7))] * 2
+    assert set(steps) == {threading.get_ident()}
 
-    web = threading.Thread(target=http)
-    web.start()
-    llm.run()  # returns once the reader's thread shuts it down
-    web.join(10)
-    assert got == [s.output_token_ids for s in want]
-    with pytest.raises(RuntimeError, match="already steps in its own thread"):
-        threaded = AsyncLLM(core)
+
+def test_a_failing_step_fails_every_reader_and_later_requests(tiny):
+    from engine.async_llm import AsyncLLM, EngineDeadError
+    from engine.core import EngineCore
+    from engine.sampling_params import SamplingParams
+
+    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
+                      bind_threads=False)
+    llm = AsyncLLM(core)
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    step, calls = core.step, []
+
+    def breaks():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("kernel fault")
+        return step()
+
+    core.step = breaks
+
+    async def read(prompt):
+        ids = []
         try:
-            threaded.run()
-        finally:
-            threaded.shutdown()
+            async for u in llm.generate(llm.make_sequence(prompt, params)):
+                ids += u.new_token_ids
+        except EngineDeadError as exc:
+            return ids, str(exc)
+        return ids, None
+
+    async def main():
+        run = asyncio.ensure_future(llm.run())
+        got = await asyncio.wait_for(asyncio.gather(read("one two"), read("three")), 60)
+        await asyncio.wait_for(run, 30)  # run() returns after the failure
+        with pytest.raises(EngineDeadError, match="kernel fault"):
+            await llm.generate(llm.make_sequence("x", params)).__anext__()
+        return got
+
+    got = asyncio.run(main())
+    # two steps' tokens each, then the error
+    assert [(len(ids), err) for ids, err in got] == [
+        (2, "the engine loop stopped: kernel fault")] * 2
+    assert isinstance(llm.dead, RuntimeError)

@@ -11,7 +11,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 
 
 class Metrics:
-    """Fed by AsyncLLM's engine thread (on_step, on_token) and the request
+    """Fed by AsyncLLM's step loop (on_step, on_token) and the request
     handlers (on_prompt); one registry per server."""
 
     def __init__(self, model_name: str):

@@ -1,9 +1,9 @@
 """Start the server: load the engine, then serve on uvicorn until stopped."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
-import threading
 import time
 
 logger = logging.getLogger("engine")
@@ -26,9 +26,7 @@ def serve(args) -> int:
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)
     metrics = Metrics(names[0])
-    # The engine steps in this thread, which loaded the model (AsyncLLM.run says
-    # why); uvicorn serves from a second one.
-    llm = AsyncLLM(core, metrics, own_thread=False)
+    llm = AsyncLLM(core, metrics)
     state = ServerState(llm=llm, model_names=names, model_dir=core.path, metrics=metrics,
                         api_key=args.api_key, chat_template=template,
                         special_tokens=chat_utils.special_tokens(core.path),
@@ -43,27 +41,28 @@ def serve(args) -> int:
                             log_level=args.uvicorn_log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    failed: list[BaseException] = []
 
-    def http() -> None:
-        try:
-            server.run()
-        except BaseException as exc:  # noqa: BLE001 - uvicorn exits 1 when it cannot bind
-            failed.append(exc)
-        finally:
-            state.llm.shutdown()
-
-    def stop(signum, frame) -> None:  # uvicorn installs its handlers only in the main thread
+    def stop(signum, frame) -> None:
+        # uvicorn replaces this while it serves, and calls it again on the way out
+        # (it re-raises the signals it caught): Python's own handlers would then
+        # end the process with a traceback (SIGINT) or status -15 (SIGTERM)
         server.force_exit = server.should_exit
         server.should_exit = True
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    web = threading.Thread(target=http, name="http", daemon=True)
-    web.start()
-    state.llm.run()  # until the server stops (or the engine fails: it then answers errors)
-    while web.is_alive():
-        web.join(0.5)
-    if failed or not server.started:
+    return asyncio.run(_serve(server, llm))
+
+
+async def _serve(server, llm) -> int:
+    """uvicorn and the engine's step loop in this thread's event loop (AsyncLLM.run
+    says why): a request under way when the server stops still ends."""
+    steps = asyncio.ensure_future(llm.run())
+    try:
+        await server.serve()
+    except SystemExit:  # uvicorn exits (3) when it cannot bind; it logged why
         return 1
-    return 0
+    finally:
+        llm.shutdown()
+        await steps
+    return 0 if server.started else 1

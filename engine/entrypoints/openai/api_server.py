@@ -208,31 +208,27 @@ def _usage(seqs) -> dict:
 class _Text:
     """One choice's text as tokens arrive: hands out only what can no longer
     change (not a partial UTF-8 character, not the start of a stop string).
-    Decoded incrementally, as upstream's detokenizer does: each token decodes
-    the last token or two, not the whole output again."""
+    Decoded incrementally by the tokenizer's own DecodeStream, as upstream's
+    detokenizer does: each token decodes a window of the last few tokens in
+    Rust, not the whole output again."""
 
     def __init__(self, tokenizer, seq, prefix: str = ""):
+        from tokenizers.decoders import DecodeStream
+
         self.tokenizer, self.seq = tokenizer, seq
         self.ids: list[int] = []
         self.text = ""           # the stable text decoded so far
-        self.prefix_offset = 0   # ids[prefix_offset:read_offset] decode to text's tail
-        self.read_offset = 0
+        self.stream = DecodeStream(skip_special_tokens=True)  # as Tokenizer.decode
         self.sent = 0
         self.prefix = prefix
         self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
         self.finish_reason = None
 
-    def _decode_new(self) -> None:
-        """Append what the new ids add: the decoded window with and without
-        them, so a token whose text depends on its neighbour (a word piece, a
-        leading space) comes out as the full decode has it."""
-        decode, ids = self.tokenizer.decode, self.ids
-        before = decode(ids[self.prefix_offset:self.read_offset]) if (
-            self.read_offset > self.prefix_offset) else ""
-        after = decode(ids[self.prefix_offset:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.text += after[len(before):]
-            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+    def _decode_new(self, new_ids) -> None:
+        for i in new_ids:
+            piece = self.stream.step(self.tokenizer, i)
+            if piece:
+                self.text += piece
 
     def add(self, update) -> str:
         self.ids += update.new_token_ids
@@ -241,7 +237,7 @@ class _Text:
             text = update.text if update.text is not None else self.tokenizer.decode(self.ids)
             end = len(text)
         else:
-            self._decode_new()
+            self._decode_new(update.new_token_ids)
             text = self.text
             end = len(text) - self.hold
         delta = text[self.sent:end] if end > self.sent else ""
@@ -299,7 +295,7 @@ def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
     async def body():
         try:
             async for chunk in chunks:
-                yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                yield b"data: %s\n\n" % json.dumps(chunk, separators=(",", ":")).encode()
         except EngineDeadError as exc:
             yield f"data: {json.dumps(error_body(500, str(exc)))}\n\n"
         yield "data: [DONE]\n\n"

@@ -128,31 +128,39 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
-def run_with_peak_rss(cmd: list[str], env=None, interval: float = 0.05
-                      ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run cmd capturing its output; also the peak of its whole process tree's
-    summed RSS in MiB, sampled every `interval` s. (getrusage's ru_maxrss would
-    count the memory a child had before exec, which is this process's, and
-    not a grandchild's.)"""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    peak = 0.0
-    done = threading.Event()
+class PeakRss:
+    """The peak of a process tree's summed RSS in MiB, sampled every
+    `interval` s from a thread until stop(). (getrusage's ru_maxrss would count
+    the memory a child had before exec, which is this process's, and not a
+    grandchild's.)"""
 
-    def sample() -> None:
-        nonlocal peak
-        while not done.wait(interval):
+    def __init__(self, pid: int, interval: float = 0.05):
+        self.pid, self.peak = pid, 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, interval: float) -> None:
+        while not self._done.wait(interval):
             total = 0.0
-            for p in process_tree(proc.pid):
+            for p in process_tree(self.pid):
                 try:
                     total += rss_mb(p)
                 except (OSError, StopIteration):
                     pass
-            peak = max(peak, total)
+            self.peak = max(self.peak, total)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_with_peak_rss(cmd: list[str], env=None, interval: float = 0.05
+                      ) -> tuple[subprocess.CompletedProcess, float]:
+    """Run cmd capturing its output; also its process tree's peak RSS (PeakRss)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    rss = PeakRss(proc.pid, interval)
     out, err = proc.communicate()
-    done.set()
-    sampler.join()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), peak
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), rss.stop()

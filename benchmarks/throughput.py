@@ -31,19 +31,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets, run_with_peak_rss
+from benchmarks.common import PeakRss, Targets, run_with_peak_rss
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, num_params, prompt_ids
 
 BATCHES = ((16, 2.0, 1.5), (1, 1.0, 1.0))  # (requests, target vs transformers, vs vllm)
 BANDWIDTH_TARGET = 0.9  # at one request: weight bytes per second / read bandwidth
 
 
-def child(kind: str, model: str, dtype: str, batch: int, prompt_len: int, new: int,
-          repeats: int) -> None:
-    """Runs in its own process (for vllm: the peer's Python, without our engine);
-    the fastest of `repeats` timed runs (this machine's speed drifts by tens of
-    percent over minutes, shared as it is)."""
-    prompts = prompt_ids(batch, prompt_len - 1)
+def child(kind: str, model: str, dtype: str, prompt_len: int, new: int) -> None:
+    """Runs in its own process (for vllm: the peer's Python, without our engine):
+    loads the model, prints READY, then one timed generate() per line of stdin
+    (the number of requests), each answered with a RESULT line."""
+    prompts = prompt_ids(max(b for b, _, _ in BATCHES), prompt_len - 1)
     t_start = time.perf_counter()
     if kind == "engine":
         from engine import LLM, SamplingParams
@@ -53,12 +52,10 @@ def child(kind: str, model: str, dtype: str, batch: int, prompt_len: int, new: i
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
         llm.generate(prompt_token_ids=prompts[:1],
                      sampling_params=SamplingParams(temperature=0, max_tokens=4))
-        dt = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
-            dt = min(dt, time.perf_counter() - t0)
-        ids = [o.outputs[0].token_ids for o in outs]
+
+        def run(batch):
+            outs = llm.generate(prompt_token_ids=prompts[:batch], sampling_params=params)
+            return [o.outputs[0].token_ids for o in outs]
     elif kind == "vllm":
         from vllm import LLM, SamplingParams
 
@@ -66,13 +63,11 @@ def child(kind: str, model: str, dtype: str, batch: int, prompt_len: int, new: i
         startup = time.perf_counter() - t_start
         inputs = [{"prompt_token_ids": p} for p in prompts]
         llm.generate(inputs[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-        dt = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            outs = llm.generate(inputs, SamplingParams(temperature=0, max_tokens=new,
-                                                       ignore_eos=True), use_tqdm=False)
-            dt = min(dt, time.perf_counter() - t0)
-        ids = [list(o.outputs[0].token_ids) for o in outs]
+        params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+
+        def run(batch):
+            outs = llm.generate(inputs[:batch], params, use_tqdm=False)
+            return [list(o.outputs[0].token_ids) for o in outs]
     else:
         import torch
         import transformers
@@ -84,15 +79,58 @@ def child(kind: str, model: str, dtype: str, batch: int, prompt_len: int, new: i
         x = torch.tensor(prompts)
         with torch.inference_mode():
             m.generate(x[:1], max_new_tokens=4, min_new_tokens=4, **kw)
-            dt = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                out = m.generate(x, max_new_tokens=new, min_new_tokens=new, **kw)
-                dt = min(dt, time.perf_counter() - t0)
-        ids = out[:, x.shape[1]:].tolist()
-    n = sum(len(i) for i in ids)
-    print("RESULT " + json.dumps({"tokens": n, "seconds": dt,
-                                  "startup": startup, "ids": ids}))
+
+        def run(batch):
+            with torch.inference_mode():
+                out = m.generate(x[:batch], max_new_tokens=new, min_new_tokens=new, **kw)
+            return out[:, x.shape[1]:].tolist()
+    print("READY " + json.dumps({"startup": startup}), flush=True)
+    for line in sys.stdin:
+        t0 = time.perf_counter()
+        ids = run(int(line))
+        dt = time.perf_counter() - t0
+        print("RESULT " + json.dumps({"tokens": sum(len(i) for i in ids), "seconds": dt,
+                                      "ids": ids}), flush=True)
+
+
+class Side:
+    """One engine's child process, loaded and waiting for runs."""
+
+    def __init__(self, python: str, kind: str, args: list[str], env, log: Path):
+        self.kind, self.log_path = kind, log
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([python, __file__, "--child", kind, *args], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+        self.rss = PeakRss(self.proc.pid)
+        self.startup = self._answer("READY ")["startup"]
+        self.best: dict[int, dict] = {}
+
+    def _answer(self, tag: str) -> dict:
+        for line in self.proc.stdout:  # the peer may print its own lines too
+            if line.startswith(tag):
+                return json.loads(line[len(tag):])
+        self.log.flush()
+        sys.exit(f"the {self.kind} run exited {self.proc.wait()}:\n"
+                 f"{self.log_path.read_text()[-3000:]}")
+
+    def run(self, batch: int) -> None:
+        """One timed run; keeps the fastest per batch."""
+        self.proc.stdin.write(f"{batch}\n")
+        self.proc.stdin.flush()
+        r = self._answer("RESULT ")
+        if batch not in self.best or r["seconds"] < self.best[batch]["seconds"]:
+            self.best[batch] = r
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.rss.stop()
+        self.log.close()
 
 
 def roofline_child(dtype: str) -> None:
@@ -116,12 +154,12 @@ def _timed(fn) -> float:
 
 
 def run_child(python: str, args: list[str], env) -> dict:
-    """The child's RESULT, with peak_mb: its process tree's peak RSS."""
-    res, peak = run_with_peak_rss([python, __file__, *args], env=env)
+    """A one-shot child's RESULT (the roofline)."""
+    res, _ = run_with_peak_rss([python, __file__, *args], env=env)
     results = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
     if res.returncode != 0 or not results:
         sys.exit(f"{args[:2]} failed:\n{res.stderr[-3000:]}")
-    return {**json.loads(results[-1][len("RESULT "):]), "peak_mb": peak}
+    return json.loads(results[-1][len("RESULT "):])
 
 
 def roofline(params: int, itemsize: int, batch: int, machine: dict) -> float:
@@ -141,18 +179,18 @@ def main() -> int:
     p.add_argument("--threads", default="0-1", help="CPUs every engine runs on (default 0-1)")
     p.add_argument("--child")
     p.add_argument("--model")
-    p.add_argument("--batch", type=int)
     p.add_argument("--prompt-len", type=int, default=33)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3,
-                   help="timed runs per engine and batch after start-up; the fastest counts")
+                   help="timed runs per engine and batch, the engines taking turns; the "
+                        "fastest counts")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     a = p.parse_args()
     if a.child == "roofline":
         roofline_child(a.dtype)
         return 0
     if a.child:
-        child(a.child, a.model, a.dtype, a.batch, a.prompt_len, a.new, a.repeats)
+        child(a.child, a.model, a.dtype, a.prompt_len, a.new)
         return 0
     env = peer_env(a.threads)
     peer_python = str(require_peer()) if a.peer == "vllm" else sys.executable
@@ -165,31 +203,41 @@ def main() -> int:
               f"{a.dtype}, prompts of {a.prompt_len} tokens, {a.new} new tokens each, CPUs "
               f"{a.threads}; machine: {machine['bandwidth'] / 1e9:.1f} GB/s read, "
               f"{machine['flops'] / 1e9:.0f} GFLOP/s matmul")
+        args = ["--model", model, "--dtype", a.dtype, "--prompt-len", str(a.prompt_len),
+                "--new", str(a.new)]
+        sides = []
+        try:
+            sides.append(Side(sys.executable, "engine", args, {**env, "PYTHONPATH": str(
+                Path(__file__).resolve().parent.parent)}, Path(tmp) / "engine.log"))
+            sides.append(Side(peer_python, a.peer, args, env, Path(tmp) / "peer.log"))
+            for batch, _, _ in BATCHES:
+                for _ in range(a.repeats):
+                    for side in sides:
+                        side.run(batch)
+        finally:
+            for side in sides:
+                side.close()
+        e_side, h_side = sides
         print(f"{'requests':>8} {'engine tok/s':>13} {a.peer + ' tok/s':>19} {'ratio':>7} "
-              f"{'roofline':>9} {'engine':>7} {a.peer:>12} {'start-up':>17} {'peak RSS':>15}"
-              f"  target")
+              f"{'roofline':>9} {'engine':>7} {a.peer:>12}  target")
         targets = Targets()
         for batch, target_hf, target_vllm in BATCHES:
             target = target_vllm if a.peer == "vllm" else target_hf
-            args = ["--model", model, "--dtype", a.dtype, "--batch", str(batch),
-                    "--prompt-len", str(a.prompt_len), "--new", str(a.new),
-                    "--repeats", str(a.repeats)]
-            e = run_child(sys.executable, ["--child", "engine", *args],
-                          {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
-            h = run_child(peer_python, ["--child", a.peer, *args], env)
+            e, h = e_side.best[batch], h_side.best[batch]
             te, th = e["tokens"] / e["seconds"], h["tokens"] / h["seconds"]
             roof = roofline(params, itemsize, batch, machine)
             same = sum(x == y for x, y in zip(e["ids"], h["ids"]))
             print(f"{batch:>8} {te:>13.1f} {th:>19.1f} {te / th:>6.2f}x {roof:>9.0f} "
-                  f"{te / roof:>6.0%} {th / roof:>12.0%} "
-                  f"{e['startup']:>6.1f}s/{h['startup']:>6.1f}s "
-                  f"{e['peak_mb']:>6.0f}/{h['peak_mb']:>6.0f}MB  "
+                  f"{te / roof:>6.0%} {th / roof:>12.0%}  "
                   f">= {target}x {'ok' if te / th >= target else 'MISS'}; greedy ids identical "
                   f"on {same}/{batch}")
             targets.record(f"{batch} requests: tok/s vs {a.peer}", te / th, target)
             if batch == 1:
                 targets.record("1 request: weight bytes/s vs read bandwidth",
                                te * params * itemsize / machine["bandwidth"], BANDWIDTH_TARGET)
+        print(f"start-up: engine {e_side.startup:.1f} s, {a.peer} {h_side.startup:.1f} s; "
+              f"peak RSS over the run: engine {e_side.rss.peak:.0f} MB, {a.peer} "
+              f"{h_side.rss.peak:.0f} MB")
     return targets.finish(a.check)
 
 

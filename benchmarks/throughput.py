@@ -102,7 +102,9 @@ class Side:
         self.proc = subprocess.Popen([python, __file__, "--child", kind, *args], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)
-        self.rss = PeakRss(self.proc.pid)
+        # sampled less often than a one-shot child's: the sampler's /proc walks cost
+        # this benchmark's process about 6% of a core at 20 Hz, taken from the engines
+        self.rss = PeakRss(self.proc.pid, interval=0.25)
         self.startup = self._answer("READY ")["startup"]
         self.best: dict[int, dict] = {}
 

@@ -65,17 +65,20 @@ def offline_child(model: str, words: int) -> None:
 class Offline:
     """The offline side: a loaded LLM in a child process, one round per call."""
 
-    def __init__(self, model: str, words: int, env):
+    def __init__(self, model: str, words: int, env, log: Path):
+        self.log_path, self.log = log, open(log, "w")
         self.proc = subprocess.Popen([sys.executable, __file__, "--offline-child", "--model",
                                       model, "--prompt-words", str(words)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=env)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, env=env)
         self._answer()
 
     def _answer(self) -> str:
         line = self.proc.stdout.readline()
         if not line:
-            sys.exit(f"the offline run exited {self.proc.wait()}")
+            self.log.flush()
+            sys.exit(f"the offline run exited {self.proc.wait()}; see {self.log_path}:\n"
+                     f"{self.log_path.read_text()[-3000:]}")
         return line
 
     def round(self, clients: int, new: int) -> float:
@@ -85,7 +88,11 @@ class Offline:
 
     def close(self) -> None:
         self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
 
 
 class Served:
@@ -220,7 +227,7 @@ def main() -> int:
         model = str(make_model(Path(tmp) / "model", a.model_size))
         print(f"model: random Llama '{a.model_size}' {MODEL_SIZES[a.model_size]}, float32; "
               f"{a.prompt_words}-word prompts, {a.new} new tokens, greedy, CPUs {a.threads}")
-        offline = Offline(model, a.prompt_words, env)
+        offline = Offline(model, a.prompt_words, env, Path(tmp) / "offline.log")
         try:
             port = free_port()
             servers.append(Served(

@@ -2,6 +2,7 @@
 against a baseline measured in the same process (these machines are noisy)."""
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -156,11 +157,41 @@ class PeakRss:
         return self.peak
 
 
-def run_with_peak_rss(cmd: list[str], env=None, interval: float = 0.05
-                      ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run cmd capturing its output; also its process tree's peak RSS (PeakRss)."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    rss = PeakRss(proc.pid, interval)
-    out, err = proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), rss.stop()
+class Worker:
+    """A benchmark's child process that loads once and then answers requests:
+    it prints "READY <json>" when loaded, then one "RESULT <json>" per line it
+    reads from stdin. Other lines it prints are skipped (a peer prints its own);
+    its stderr goes to `log`, shown when it dies. With rss_interval, the peak
+    RSS of its process tree is sampled (PeakRss) until close()."""
+
+    def __init__(self, cmd: list[str], env, log, what: str,
+                 rss_interval: float | None = None):
+        self.what, self.log_path = what, log
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.rss = PeakRss(self.proc.pid, rss_interval) if rss_interval else None
+        self.ready = self._answer("READY ")
+
+    def _answer(self, tag: str) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(tag):
+                return json.loads(line[len(tag):])
+        self.log.flush()
+        sys.exit(f"the {self.what} exited {self.proc.wait()}; see {self.log_path}:\n"
+                 f"{open(self.log_path).read()[-3000:]}")
+
+    def ask(self, request: str) -> dict:
+        self.proc.stdin.write(request + "\n")
+        self.proc.stdin.flush()
+        return self._answer("RESULT ")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        if self.rss is not None:
+            self.rss.stop()
+        self.log.close()

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import Worker
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 from benchmarks.peer import peer_env, require_peer
 
@@ -44,55 +45,34 @@ PEER_CHECKED_AT = (1, 16)
 
 
 def offline_child(model: str, words: int) -> None:
-    """Runs in its own process: loads the model once, then runs one offline
-    round per line "CLIENTS NEW" read from stdin and answers its tokens/s."""
+    """Runs in its own process (a common.Worker): loads the model once, then
+    runs one offline round per line "CLIENTS NEW" and answers its tokens/s."""
     from engine import LLM, SamplingParams
 
     llm = LLM(model=model, dtype="float32", max_model_len=MAX_POS)
     prompts = prompt_ids(max(CONCURRENCY), words)
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=SamplingParams(temperature=0,
                                                                               max_tokens=4))
-    print("ready", flush=True)
+    print("READY {}", flush=True)
     for line in sys.stdin:
         c, new = map(int, line.split())
         t0 = time.perf_counter()
         outs = llm.generate(prompt_token_ids=prompts[:c], sampling_params=SamplingParams(
             temperature=0, max_tokens=new, ignore_eos=True))
         dt = time.perf_counter() - t0
-        print(json.dumps(sum(len(o.outputs[0].token_ids) for o in outs) / dt), flush=True)
+        tok_s = sum(len(o.outputs[0].token_ids) for o in outs) / dt
+        print("RESULT " + json.dumps({"tok_s": tok_s}), flush=True)
 
 
-class Offline:
+class Offline(Worker):
     """The offline side: a loaded LLM in a child process, one round per call."""
 
     def __init__(self, model: str, words: int, env, log: Path):
-        self.log_path, self.log = log, open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--offline-child", "--model",
-                                      model, "--prompt-words", str(words)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, env=env)
-        self._answer()
+        super().__init__([sys.executable, __file__, "--offline-child", "--model", model,
+                          "--prompt-words", str(words)], env, log, "offline run")
 
-    def _answer(self) -> str:
-        line = self.proc.stdout.readline()
-        if not line:
-            self.log.flush()
-            sys.exit(f"the offline run exited {self.proc.wait()}; see {self.log_path}:\n"
-                     f"{self.log_path.read_text()[-3000:]}")
-        return line
-
-    def round(self, clients: int, new: int) -> float:
-        self.proc.stdin.write(f"{clients} {new}\n")
-        self.proc.stdin.flush()
-        return float(self._answer())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+    def round(self, clients: int, new: int) -> dict:
+        return self.ask(f"{clients} {new}")
 
 
 class Served:
@@ -243,7 +223,7 @@ def main() -> int:
                      "--max-model-len", str(MAX_POS), "--port", str(port), "--host",
                      "127.0.0.1"], env, port, Path(tmp) / "vllm.log"))
             prompts = prompt_ids(max(CONCURRENCY), a.prompt_words)
-            sides = {"offline": lambda c, new: {"tok_s": offline.round(c, new)}}
+            sides = {"offline": offline.round}
             for name, server in zip(("served", "peer"), servers):
                 asyncio.run(_round(server.url, "m", prompts[:2], 4))  # warm-up
                 sides[name] = (lambda server: lambda c, new: served_round(

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import PeakRss, Targets, run_with_peak_rss
+from benchmarks.common import Targets, Worker
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, num_params, prompt_ids
 
 BATCHES = ((16, 2.0, 1.5), (1, 1.0, 1.0))  # (requests, target vs transformers, vs vllm)
@@ -93,46 +93,22 @@ def child(kind: str, model: str, dtype: str, prompt_len: int, new: int) -> None:
                                       "ids": ids}), flush=True)
 
 
-class Side:
+class Side(Worker):
     """One engine's child process, loaded and waiting for runs."""
 
     def __init__(self, python: str, kind: str, args: list[str], env, log: Path):
-        self.kind, self.log_path = kind, log
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([python, __file__, "--child", kind, *args], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True)
-        # sampled less often than a one-shot child's: the sampler's /proc walks cost
-        # this benchmark's process about 6% of a core at 20 Hz, taken from the engines
-        self.rss = PeakRss(self.proc.pid, interval=0.25)
-        self.startup = self._answer("READY ")["startup"]
+        # RSS sampled less often than every 50 ms: the sampler's /proc walks cost this
+        # benchmark's process about 6% of a core at 20 Hz, taken from the engines
+        super().__init__([python, __file__, "--child", kind, *args], env, log, f"{kind} run",
+                         rss_interval=0.25)
+        self.startup = self.ready["startup"]
         self.best: dict[int, dict] = {}
-
-    def _answer(self, tag: str) -> dict:
-        for line in self.proc.stdout:  # the peer may print its own lines too
-            if line.startswith(tag):
-                return json.loads(line[len(tag):])
-        self.log.flush()
-        sys.exit(f"the {self.kind} run exited {self.proc.wait()}:\n"
-                 f"{self.log_path.read_text()[-3000:]}")
 
     def run(self, batch: int) -> None:
         """One timed run; keeps the fastest per batch."""
-        self.proc.stdin.write(f"{batch}\n")
-        self.proc.stdin.flush()
-        r = self._answer("RESULT ")
+        r = self.ask(str(batch))
         if batch not in self.best or r["seconds"] < self.best[batch]["seconds"]:
             self.best[batch] = r
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.rss.stop()
-        self.log.close()
 
 
 def roofline_child(dtype: str) -> None:
@@ -157,7 +133,7 @@ def _timed(fn) -> float:
 
 def run_child(python: str, args: list[str], env) -> dict:
     """A one-shot child's RESULT (the roofline)."""
-    res, _ = run_with_peak_rss([python, __file__, *args], env=env)
+    res = subprocess.run([python, __file__, *args], env=env, capture_output=True, text=True)
     results = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
     if res.returncode != 0 or not results:
         sys.exit(f"{args[:2]} failed:\n{res.stderr[-3000:]}")

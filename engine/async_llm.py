@@ -138,9 +138,6 @@ class AsyncLLM:
             self._aborts.append(request_id)
             self._wake()
 
-    def num_unfinished(self) -> int:
-        return len(self._streams)
-
     def _wake(self) -> None:
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)

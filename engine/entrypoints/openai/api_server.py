@@ -212,32 +212,26 @@ class _Text:
     detokenizer does: each token decodes a window of the last few tokens in
     Rust, not the whole output again."""
 
-    def __init__(self, tokenizer, seq, prefix: str = ""):
+    def __init__(self, tokenizer, seq):
         from tokenizers.decoders import DecodeStream
 
-        self.tokenizer, self.seq = tokenizer, seq
+        self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.text = ""           # the stable text decoded so far
         self.stream = DecodeStream(skip_special_tokens=True)  # as Tokenizer.decode
         self.sent = 0
-        self.prefix = prefix
         self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
-        self.finish_reason = None
-
-    def _decode_new(self, new_ids) -> None:
-        for i in new_ids:
-            piece = self.stream.step(self.tokenizer, i)
-            if piece:
-                self.text += piece
 
     def add(self, update) -> str:
         self.ids += update.new_token_ids
         if update.finish_reason is not None:
-            self.finish_reason = update.finish_reason
             text = update.text if update.text is not None else self.tokenizer.decode(self.ids)
             end = len(text)
         else:
-            self._decode_new(update.new_token_ids)
+            for i in update.new_token_ids:
+                piece = self.stream.step(self.tokenizer, i)
+                if piece:
+                    self.text += piece
             text = self.text
             end = len(text) - self.hold
         delta = text[self.sent:end] if end > self.sent else ""
@@ -305,10 +299,9 @@ def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
 
 
 async def _completion_full(state, seqs, name, prefixes):
-    texts = [_Text(state.llm.core.tokenizer, s) for s in seqs]
     try:
-        async for i, update in _run(state, seqs):
-            texts[i].add(update)
+        async for _ in _run(state, seqs):  # the text comes from output_text at the end
+            pass
     except EngineDeadError as exc:
         return error_response(500, str(exc))
     choices = [{"index": i, "text": prefixes[i] + state.llm.core.output_text(s), "logprobs": None,

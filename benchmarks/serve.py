@@ -6,7 +6,9 @@ LLM.generate on the same model and prompts (and, with --peer vllm, against
 
 For 1, 16 and 64 concurrent streaming clients: output tokens/s, the ratio to
 offline (target >= 0.9x) and to vLLM (target >= 1.0x at 1 and 16 clients),
-time to first token p50/p99; start-up time to a healthy /health. Greedy, EOS
+time to first token p50/p99, tokens per streamed event (above 1 where the
+server merged steps: `engine serve --stream-interval`, given through as
+--stream-interval); start-up time to a healthy /health. Greedy, EOS
 ignored, 32-word prompts, 128 new tokens, threads bound to CPUs 0-1.
 
 The sides take turns, one round each (offline, engine serve, vllm serve,
@@ -107,7 +109,8 @@ class Served:
 
 
 async def _one(url: str, model: str, prompt: list[int], new: int):
-    """(output tokens, seconds to the first token) of one streamed request.
+    """(output tokens, seconds to the first token, events with text) of one
+    streamed request.
 
     The load generator shares the server's CPUs here, and every cycle it
     spends is taken from the engine's threads, so it reads the stream with
@@ -129,7 +132,7 @@ async def _one(url: str, model: str, prompt: list[int], new: int):
     chunked = False
     while (line := await reader.readline()) not in (b"\r\n", b""):
         chunked |= line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower()
-    ttft, usage, pending = None, None, b""
+    ttft, usage, pending, texts = None, None, b"", 0
     while True:
         if chunked:
             size = int((await reader.readline()).split(b";")[0], 16)
@@ -140,27 +143,33 @@ async def _one(url: str, model: str, prompt: list[int], new: int):
         pending += data
         *events, pending = pending.split(b"\n\n")
         for event in events:
-            if ttft is None and b'"text":""' not in event:
-                ttft = time.perf_counter() - t0
+            if b'"text":""' not in event and b'"text":' in event:
+                texts += 1
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
             if b'"usage":{' in event:
                 usage = json.loads(event.removeprefix(b"data: "))["usage"]
         if not data or b"data: [DONE]" in events:
             break
     writer.close()
-    return usage["completion_tokens"], ttft
+    return usage["completion_tokens"], ttft, texts
 
 
 async def _round(url: str, model: str, prompts, new: int):
+    """(tokens/s, each request's time to first token, tokens per text event)."""
     t0 = time.perf_counter()
     res = await asyncio.gather(*(_one(url, model, p, new) for p in prompts))
-    return sum(n for n, _ in res) / (time.perf_counter() - t0), [t for _, t in res]
+    tokens = sum(n for n, _, _ in res)
+    return (tokens / (time.perf_counter() - t0), [t for _, t, _ in res],
+            tokens / max(sum(e for _, _, e in res), 1))
 
 
 def served_round(server: Served, model: str, prompts, new: int) -> dict:
-    tps, ttfts = asyncio.run(_round(server.url, model, prompts, new))
+    tps, ttfts, per_event = asyncio.run(_round(server.url, model, prompts, new))
     ttfts.sort()
     return {"tok_s": tps, "ttft_p50": statistics.median(ttfts),
-            "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]}
+            "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+            "tok_per_event": per_event}
 
 
 def measure(sides: dict, new: int, repeats: int) -> dict[str, dict[int, dict]]:
@@ -191,6 +200,8 @@ def main() -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--prompt-words", type=int, default=32)
+    p.add_argument("--stream-interval", default="auto",
+                   help="engine serve's --stream-interval (default auto, the server's)")
     p.add_argument("--threads", default="0-1", help="CPUs for both engines (default 0-1)")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds per concurrency and side; the fastest counts (default 3)")
@@ -213,7 +224,8 @@ def main() -> int:
             servers.append(Served(
                 [sys.executable, "-m", "engine.cli", "serve", model, "--port", str(port),
                  "--dtype", "float32", "--max-model-len", str(MAX_POS),
-                 "--served-model-name", "m", "--uvicorn-log-level", "warning"],
+                 "--served-model-name", "m", "--uvicorn-log-level", "warning",
+                 "--stream-interval", a.stream_interval],
                 {**env, "PYTHONPATH": str(REPO)}, port, Path(tmp) / "engine.log"))
             if peer_python:
                 port = free_port()
@@ -242,21 +254,23 @@ def report(a, base, served, startup, peer, peer_startup) -> int:
     print(f"start-up to /health: engine serve {startup:.1f} s"
           + (f", vllm serve {peer_startup:.1f} s" if peer else ""))
     head = f"{'clients':>7} {'offline tok/s':>14} {'served tok/s':>13} {'vs offline':>11} " \
-           f"{'TTFT p50':>9} {'TTFT p99':>9}"
+           f"{'TTFT p50':>9} {'TTFT p99':>9} {'tok/event':>9}"
     if peer:
-        head += f" {'vllm tok/s':>11} {'vs vllm':>8} {'vllm TTFT p50':>14}"
+        head += f" {'vllm tok/s':>11} {'vs vllm':>8} {'vllm TTFT p50':>14} {'tok/event':>9}"
     print(head)
     missed = []
     for c in CONCURRENCY:
         s = served[c]
         r = s["tok_s"] / base[c]
         line = (f"{c:>7} {base[c]:>14.1f} {s['tok_s']:>13.1f} {r:>10.2f}x "
-                f"{s['ttft_p50'] * 1e3:>7.0f}ms {s['ttft_p99'] * 1e3:>7.0f}ms")
+                f"{s['ttft_p50'] * 1e3:>7.0f}ms {s['ttft_p99'] * 1e3:>7.0f}ms "
+                f"{s['tok_per_event']:>9.2f}")
         if r < TARGET_VS_OFFLINE:
             missed.append(f"{c} clients: served/offline {r:.2f}x < {TARGET_VS_OFFLINE}x")
         if peer:
             q = s["tok_s"] / peer[c]["tok_s"]
-            line += f" {peer[c]['tok_s']:>11.1f} {q:>7.2f}x {peer[c]['ttft_p50'] * 1e3:>12.0f}ms"
+            line += (f" {peer[c]['tok_s']:>11.1f} {q:>7.2f}x {peer[c]['ttft_p50'] * 1e3:>12.0f}ms"
+                     f" {peer[c]['tok_per_event']:>9.2f}")
             if c in PEER_CHECKED_AT and q < TARGET_VS_PEER:
                 missed.append(f"{c} clients: served/vllm {q:.2f}x < {TARGET_VS_PEER}x")
         print(line)

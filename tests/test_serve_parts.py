@@ -140,6 +140,19 @@ def test_cli_reports_a_missing_model_in_one_line(capsys, tmp_path, monkeypatch):
     assert err.count("\n") == 1 and "'nobody/nothing'" in err and "Traceback" not in err
 
 
+def test_cli_refuses_a_bad_stream_interval_before_loading(capsys, monkeypatch):
+    import engine.core
+    from engine.cli import main
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the flag was checked")
+
+    monkeypatch.setattr(engine.core, "EngineCore", no_load)
+    assert main(["serve", "some/model", "--stream-interval", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--stream-interval must be 'auto'" in err, err
+
+
 def test_help_does_not_import_the_server_stack():
     code = ("import sys; from engine.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
@@ -345,3 +358,61 @@ def test_a_failing_step_fails_every_reader_and_later_requests(tiny):
     assert [(len(ids), err) for ids, err in got] == [
         (2, "the engine loop stopped: kernel fault")] * 2
     assert isinstance(llm.dead, RuntimeError)
+
+
+def test_serve_freezes_the_start_up_heap_while_serving(tiny, monkeypatch):
+    """A full collection walked the whole start-up heap (torch, the model,
+    FastAPI: ~380k objects, ~0.25 s here) and stalled every stream; the server
+    freezes it once loaded, as upstream's EngineCore does, and gives it back."""
+    import gc
+
+    import uvicorn
+
+    from engine.cli import main
+
+    seen = {}
+
+    class Server:  # uvicorn's part, without a socket
+        def __init__(self, config):
+            self.started, self.should_exit, self.force_exit = True, False, False
+
+        async def serve(self):
+            seen["frozen"] = gc.get_freeze_count()
+            seen["young"] = len(gc.get_objects(generation=2))
+
+    monkeypatch.setattr(uvicorn, "Server", Server)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    assert main(["serve", str(tiny), "--max-model-len", "256"]) == 0
+    assert seen["frozen"] > 10_000, seen  # the loaded heap, torch's modules included
+    assert seen["young"] < 1_000, seen    # the oldest generation left nearly empty
+    assert gc.get_freeze_count() == 0
+
+
+def test_async_llm_merges_the_steps_of_one_hand_off(tiny):
+    """stream_interval=3: a reader gets its first token at once, then one
+    update per three steps holding their tokens in order, then the end; the
+    tokens equal the offline core's."""
+    from engine.async_llm import AsyncLLM
+    from engine.core import EngineCore
+    from engine.sampling_params import SamplingParams
+
+    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
+                      bind_threads=False)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    (want,) = [core.make_sequence("off", "one two", params)]
+    core.add(want)
+    while core.has_unfinished():
+        core.step()
+    llm = AsyncLLM(core, stream_interval=3)
+
+    async def read():
+        run = asyncio.ensure_future(llm.run())
+        got = [u async for u in llm.generate(llm.make_sequence("one two", params))]
+        llm.shutdown()
+        await asyncio.wait_for(run, 30)
+        return got
+
+    got = asyncio.run(asyncio.wait_for(read(), 60))
+    assert [len(u.new_token_ids) for u in got] == [1, 3, 3, 1]  # the 8th ends it: at once
+    assert [t for u in got for t in u.new_token_ids] == want.output_token_ids
+    assert [u.finish_reason for u in got] == [None, None, None, "length"]

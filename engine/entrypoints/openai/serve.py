@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -17,6 +18,9 @@ def serve(args) -> int:
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
     from engine.entrypoints.openai.metrics import Metrics
+    from engine.stream_pacer import parse_interval
+
+    interval = parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
 
     t0 = time.perf_counter()
     core = EngineCore(args.model, args.dtype, block_size=args.block_size,
@@ -26,7 +30,7 @@ def serve(args) -> int:
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)
     metrics = Metrics(names[0])
-    llm = AsyncLLM(core, metrics)
+    llm = AsyncLLM(core, metrics, stream_interval=interval)
     state = ServerState(llm=llm, model_names=names, model_dir=core.path, metrics=metrics,
                         api_key=args.api_key, chat_template=template,
                         special_tokens=chat_utils.special_tokens(core.path),
@@ -37,7 +41,13 @@ def serve(args) -> int:
     logger.info("engine ready in %.1f s (%s, max_model_len %d, %d KV blocks of %d tokens)",
                 time.perf_counter() - t0, core.dtype, core.max_model_len, core.blocks.num_blocks,
                 core.blocks.block_size)
-    config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
+    app = build_app(state)
+    # as upstream's EngineCore: the start-up heap (torch, the model, FastAPI) is
+    # hundreds of thousands of objects that live until exit, and every oldest-
+    # generation collection walked them all, a pause of ~0.25 s mid-stream
+    gc.collect()
+    gc.freeze()
+    config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.uvicorn_log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
@@ -51,7 +61,10 @@ def serve(args) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    return asyncio.run(_serve(server, llm))
+    try:
+        return asyncio.run(_serve(server, llm))
+    finally:
+        gc.unfreeze()  # a caller in the same process (tests) gets its heap back
 
 
 async def _serve(server, llm) -> int:

@@ -59,13 +59,15 @@ class LLM:
     def generate(self, prompts=None, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  *, prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in prompt order. Prompts are strings,
-        or token id lists (or given as prompt_token_ids=)."""
+        token id lists (or given as prompt_token_ids=), or upstream's prompt
+        dicts: {"prompt": text} and {"prompt_token_ids": ids}."""
         if prompt_token_ids is not None:
             prompts = prompt_token_ids
         if not prompts:
             raise ValueError("generate() needs prompts (strings or token id lists)")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        prompts = [_prompt(p, i) if isinstance(p, dict) else p for i, p in enumerate(prompts)]
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
@@ -84,3 +86,14 @@ class LLM:
         return RequestOutput(seq.index, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
                              [CompletionOutput(0, self.core.output_text(seq), ids,
                                                seq.finish_reason)])
+
+
+def _prompt(d: dict, index: int):
+    """Upstream's TextPrompt / TokensPrompt, as a string or an id list."""
+    keys = set(d)
+    if keys == {"prompt"} and isinstance(d["prompt"], str):
+        return d["prompt"]
+    if keys == {"prompt_token_ids"} and isinstance(d["prompt_token_ids"], (list, tuple)):
+        return list(d["prompt_token_ids"])
+    raise ValueError(f"prompt {index}: a prompt dict holds one key, 'prompt' (a string) or "
+                     f"'prompt_token_ids' (a list of ids); got {sorted(keys)}")

@@ -269,6 +269,26 @@ def test_bad_model_folder_and_prompt(tmp_path, checkpoints):
         make_llm(checkpoints["llama"], block_size=16)
 
 
+def test_upstream_prompt_dicts(checkpoints):
+    """vLLM's TextPrompt and TokensPrompt dicts run as the string and the ids;
+    any other dict is one clear error."""
+    from engine.sampling_params import SamplingParams
+
+    llm = make_llm(checkpoints["llama"], max_model_len=64)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    text = "the a of to"
+    ids = llm.tokenizer.encode(text).ids
+    want = llm.generate([text, ids], params)
+    got = llm.generate([{"prompt": text}, {"prompt_token_ids": ids}], params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert got[0].prompt == text and got[1].prompt_token_ids == ids
+    (one,) = llm.generate({"prompt_token_ids": ids}, params)
+    assert one.outputs[0].token_ids == want[1].outputs[0].token_ids
+    for bad in ({"prompt": text, "multi_modal_data": {}}, {"text": text}, {"prompt": ids}):
+        with pytest.raises(ValueError, match="a prompt dict holds one key, 'prompt'"):
+            llm.generate([bad], params)
+
+
 # ---- run-time variables ---------------------------------------------------------
 
 

@@ -69,8 +69,8 @@ class AsyncLLM:
         opened its first parallel region (libgomp keeps one per thread); a
         second stepping thread makes a second team, libgomp then counts more
         threads than CPUs, stops spinning between regions, and every op pays a
-        futex wake-up (on 2 cores a 512-wide linear 28 -> 122 us). And each
-        step's tokens are sent before the next step starts: HTTP work during a
+        futex wake-up (on 2 cores a 512-wide linear 28 -> 122 us). And the
+        tokens handed over are sent before the next step starts: HTTP work during a
         step would take a core from one of its OpenMP threads, and the whole
         team waits for the preempted one at the next barrier. Stepping here
         does both with no thread hop, no GIL hand-over and no wake-up per step

@@ -14,7 +14,8 @@ ignored, 32-word prompts, 128 new tokens, threads bound to CPUs 0-1.
 The sides take turns, one round each (offline, engine serve, vllm serve,
 offline, ...), every process loaded before the first round: this machine's
 speed drifts by tens of percent over minutes, and a ratio of figures taken
-minutes apart measures the drift. The fastest round of each side counts.
+minutes apart measures the drift. The fastest round of each side counts, of
+at least --repeats rounds and --min-seconds of rounds a side.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ CONCURRENCY = (1, 16, 64)
 TARGET_VS_OFFLINE = 0.9
 TARGET_VS_PEER = 1.0  # at 1 and 16 clients
 PEER_CHECKED_AT = (1, 16)
+MAX_ROUNDS = 16
 
 
 def offline_child(model: str, words: int) -> None:
@@ -172,14 +174,23 @@ def served_round(server: Served, model: str, prompts, new: int) -> dict:
             "tok_per_event": per_event}
 
 
-def measure(sides: dict, new: int, repeats: int) -> dict[str, dict[int, dict]]:
+def measure(sides: dict, new: int, repeats: int,
+            min_seconds: float = 0.0) -> dict[str, dict[int, dict]]:
     """sides: name -> round(clients, new) -> {"tok_s": ...}. Per side and
-    concurrency, the fastest of `repeats` rounds, the sides taking turns."""
+    concurrency, the fastest of at least `repeats` rounds, the sides taking
+    turns, and more until every side has run min_seconds of rounds (at most
+    MAX_ROUNDS): this machine's speed swings 15% between 0.6 s rounds, and the
+    fastest of 4 such rounds put one side 1.2x above the other either way."""
     out: dict[str, dict[int, dict]] = {name: {} for name in sides}
     for c in CONCURRENCY:
-        for _ in range(repeats):
+        spent = dict.fromkeys(sides, 0.0)
+        rounds = 0
+        while rounds < repeats or (min(spent.values()) < min_seconds and rounds < MAX_ROUNDS):
+            rounds += 1
             for name, one_round in sides.items():
+                t0 = time.perf_counter()
                 r = one_round(c, new)
+                spent[name] += time.perf_counter() - t0
                 if r["tok_s"] > out[name].get(c, {}).get("tok_s", 0.0):
                     out[name][c] = r
     return out
@@ -203,6 +214,8 @@ def main() -> int:
     p.add_argument("--stream-interval", default="auto",
                    help="engine serve's --stream-interval (default auto, the server's)")
     p.add_argument("--threads", default="0-1", help="CPUs for both engines (default 0-1)")
+    p.add_argument("--min-seconds", type=float, default=8.0,
+                   help="then more rounds until each side has run this long (default 8)")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds per concurrency and side; the fastest counts (default 3)")
     p.add_argument("--offline-child", action="store_true", help=argparse.SUPPRESS)
@@ -240,7 +253,7 @@ def main() -> int:
                 asyncio.run(_round(server.url, "m", prompts[:2], 4))  # warm-up
                 sides[name] = (lambda server: lambda c, new: served_round(
                     server, "m", prompts[:c], new))(server)
-            got = measure(sides, a.new, a.repeats)
+            got = measure(sides, a.new, a.repeats, a.min_seconds)
         finally:
             for server in servers:
                 server.close()

@@ -74,10 +74,13 @@ def _serve_parser(sub) -> None:
                    help="name(s) clients use for the model (default: MODEL as given)")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $VLLM_API_KEY)")
+    from engine import stream_pacer  # no imports of its own: --help stays fast
+
     s.add_argument("--stream-interval", default="auto", metavar="N|auto",
                    help="hand streamed tokens over every N engine steps (1: every token, "
-                   "upstream's default); auto (default): every step while that costs under 3%% "
-                   "of the engine's time, else up to 4 steps merged into one event")
+                   "upstream's default); auto (default): every step while that costs under "
+                   f"{stream_pacer.BUDGET * 100:.0f}%% of the engine's time, else up to "
+                   f"{stream_pacer.MAX_STEPS} steps merged into one event")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, instead of the model's")
     s.add_argument("--uvicorn-log-level", default="info",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 BUDGET = 0.03  # hand-off time per second of engine time, in "auto"
 MAX_STEPS = 4
-MAX_WAIT = 0.05  # seconds of engine time: bounds how long /health and new requests wait
+MAX_WAIT = 0.1  # seconds of engine time: bounds how long /health and new requests wait
 
 
 def parse_interval(text: str) -> int | None:

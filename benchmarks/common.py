@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -179,7 +180,7 @@ class Worker:
                 return json.loads(line[len(tag):])
         self.log.flush()
         sys.exit(f"the {self.what} exited {self.proc.wait()}; see {self.log_path}:\n"
-                 f"{open(self.log_path).read()[-3000:]}")
+                 f"{Path(self.log_path).read_text()[-3000:]}")
 
     def ask(self, request: str) -> dict:
         self.proc.stdin.write(request + "\n")

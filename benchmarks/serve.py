@@ -211,8 +211,8 @@ def main() -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--prompt-words", type=int, default=32)
-    p.add_argument("--stream-interval", default="auto",
-                   help="engine serve's --stream-interval (default auto, the server's)")
+    p.add_argument("--stream-interval", default=None,
+                   help="engine serve's --stream-interval (default: the server's own)")
     p.add_argument("--threads", default="0-1", help="CPUs for both engines (default 0-1)")
     p.add_argument("--min-seconds", type=float, default=8.0,
                    help="then more rounds until each side has run this long (default 8)")
@@ -238,7 +238,7 @@ def main() -> int:
                 [sys.executable, "-m", "engine.cli", "serve", model, "--port", str(port),
                  "--dtype", "float32", "--max-model-len", str(MAX_POS),
                  "--served-model-name", "m", "--uvicorn-log-level", "warning",
-                 "--stream-interval", a.stream_interval],
+                 *(["--stream-interval", a.stream_interval] if a.stream_interval else [])],
                 {**env, "PYTHONPATH": str(REPO)}, port, Path(tmp) / "engine.log"))
             if peer_python:
                 port = free_port()

@@ -58,6 +58,8 @@ def bench(args) -> int:
 
 
 def _serve_parser(sub) -> None:
+    from engine import stream_pacer  # no imports of its own: --help stays fast
+
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     s.add_argument("model", help="a checkpoint folder or a Hugging Face id (org/name)")
     s.add_argument("--host", default="127.0.0.1",
@@ -74,8 +76,6 @@ def _serve_parser(sub) -> None:
                    help="name(s) clients use for the model (default: MODEL as given)")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $VLLM_API_KEY)")
-    from engine import stream_pacer  # no imports of its own: --help stays fast
-
     s.add_argument("--stream-interval", default="auto", metavar="N|auto",
                    help="hand streamed tokens over every N engine steps (1: every token, "
                    "upstream's default); auto (default): every step while that costs under "

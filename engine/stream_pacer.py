@@ -5,10 +5,9 @@ The loop steps the engine and serves HTTP in one thread, so every hand-off is
 time the engine does not step: measured on 2 cores, 0.5-0.7 ms for one stream
 and about 1.9 ms for 16 (a loop round, then per stream a JSON event, an h11
 chunk and a loopback write), 10-15% of the small benchmark model's 5 and
-11 ms steps. Upstream pays the same per
-event and offers `--stream-interval N` (tokens per event, default 1); its
-API server, a process of its own, also merges the outputs of a reader that
-fell behind. Here:
+11 ms steps. Upstream pays the same per event and offers `--stream-interval N`
+(tokens per event, default 1); its API server, a process of its own, also
+merges the outputs of a reader that fell behind. Here:
 
 - `--stream-interval N`: every N steps;
 - `auto` (the server's default): every step while a hand-off costs at most

@@ -399,7 +399,7 @@ def test_async_llm_merges_the_steps_of_one_hand_off(tiny):
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
                       bind_threads=False)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    (want,) = [core.make_sequence("off", "one two", params)]
+    want = core.make_sequence("off", "one two", params)
     core.add(want)
     while core.has_unfinished():
         core.step()

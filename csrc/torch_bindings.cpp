@@ -28,7 +28,7 @@ TORCH_LIBRARY(_C, m) {
   m.def("cpu_has_linear", &engine::cpu::has_linear);
   m.def("cpu_has_linear_bf16_pairs", &engine::cpu::has_linear_bf16_pairs);
   // CPU only: decode-sized linear layers over a weight packed by
-  // engine.layers.linear.pack_panels ([ceil(N/16), K, 16], or for bfloat16
+  // engine.model_executor.layers.linear.pack_panels ([ceil(N/16), K, 16], or for bfloat16
   // on AVX512_BF16 CPUs [ceil(N/16), ceil(K/2), 32]: k pairs).
   m.def("linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor? bias) -> ()");
 #endif

@@ -29,7 +29,7 @@ def __getattr__(name: str):
 
         return engine.ops if name == "ops" else engine.ops.BUILD_INFO
     if name == "LLM":
-        from engine.llm import LLM
+        from engine.entrypoints.llm import LLM
 
         return LLM
     if name == "SamplingParams":

@@ -92,7 +92,7 @@ def load() -> BuildInfo:
 def _select_cpu_isa() -> None:
     import torch
 
-    from engine import cpu_features
+    from engine.platforms import cpu_features
 
     features = cpu_features.current()
     try:

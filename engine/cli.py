@@ -9,7 +9,7 @@ import time
 
 
 def _llm(args):
-    from engine.llm import LLM
+    from engine.entrypoints.llm import LLM
 
     return LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
@@ -43,7 +43,7 @@ def bench(args) -> int:
 
     llm = _llm(args)
     g = torch.Generator().manual_seed(0)
-    vocab = llm.config.vocab_size
+    vocab = llm.core.config.vocab_size
     prompts = [torch.randint(3, vocab, (args.input_len,), generator=g).tolist()
                for _ in range(args.num_prompts)]
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
@@ -58,7 +58,7 @@ def bench(args) -> int:
 
 
 def _serve_parser(sub) -> None:
-    from engine import stream_pacer  # no imports of its own: --help stays fast
+    from engine.entrypoints.openai import stream_pacer  # no imports of its own: --help stays fast
 
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     s.add_argument("model", help="a checkpoint folder or a Hugging Face id (org/name)")
@@ -170,7 +170,7 @@ def make_tiny_model(args) -> int:
 
 
 def env(args) -> int:
-    from engine.env import main as env_main
+    from engine.collect_env import main as env_main
 
     return env_main(["--json"] if args.json else [])
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+from engine.model_executor.models.registry import SUPPORTED_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class ModelConfig:
             raise ValueError(f"{path} has no config.json; give the folder of a Hugging Face "
                              "checkpoint") from None
         mt = cfg.get("model_type")
-        if mt not in SUPPORTED:
+        if mt not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"{path}: model_type {mt!r} is not supported; supported: "
-                             f"{', '.join(SUPPORTED)}")
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
         scaling = cfg.get("rope_scaling") or {}
         kind = scaling.get("rope_type", scaling.get("type", "default"))
         if kind not in ("default", None):

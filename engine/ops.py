@@ -17,6 +17,8 @@ OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.
 DEVICE_OP_NAMES = {"cpu": ("linear",)}
+#: Columns per panel of a packed linear weight.
+PANEL = reference.PANEL
 
 BUILD_INFO = load()
 _ops = torch.ops._C if BUILD_INFO.has_kernels else reference
@@ -62,7 +64,7 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
            bias: torch.Tensor | None) -> None:
     """out[M, N] = input[M, K] @ W^T (+ bias), W packed by
-    engine.layers.linear.pack_panels as [ceil(N/16), K, 16], or for bfloat16
+    engine.model_executor.layers.linear.pack_panels as [ceil(N/16), K, 16], or for bfloat16
     in k pairs as [ceil(N/16), ceil(K/2), 32] where panel_k_pack says so (CPU
     only: see has_panel_linear)."""
     _ops.linear(out, input, packed_weight, bias)
@@ -103,9 +105,9 @@ def compiled_cpu_isas() -> list[str]:
 def select_cpu_isa(name: str) -> str:
     """Switch the CPU code path at run time (auto, avx512_bf16, avx512, avx2, neon_bf16,
     neon, generic); returns the
-    one in use. Raises engine.cpu_features.CpuIsaError (one line) where `name` is
+    one in use. Raises engine.platforms.cpu_features.CpuIsaError (one line) where `name` is
     not compiled in or this CPU (as VLLM_CPU_MAX_ISA caps it) cannot run it."""
-    from engine import cpu_features
+    from engine.platforms import cpu_features
 
     if BUILD_INFO.device != "cpu":
         raise RuntimeError(f"this is a {BUILD_INFO.variant} build; it has no CPU kernels")

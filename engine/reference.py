@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Columns per panel of a packed linear weight (csrc/cpu/kernels.h kPanel): one
+# AVX-512 vector, two AVX2 ones. The packed layout is the op's contract, so it
+# lives with the op's reference; engine.ops re-exports it.
+PANEL = 16
+
 
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
     x = input.float()
@@ -95,8 +100,6 @@ def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
            bias: torch.Tensor | None) -> None:
     """The panel kernel's reference: unpack [ceil(N/16), K, 16] (or its k pairs,
     [ceil(N/16), ceil(K/2), 32]) and F.linear in float32."""
-    from engine.layers.linear import PANEL
-
     n, k = out.shape[1], input.shape[1]
     panels, steps, width = packed_weight.shape
     k_pack = width // PANEL

@@ -6,9 +6,9 @@ from __future__ import annotations
 import platform
 
 import pytest
+from helpers import REPO, run
 from packaging.tags import cpython_tags
 
-from helpers import REPO, run
 from engine import envs
 from tools.precompiled import select
 from wheel_index.maintain import architecture, missing_architectures

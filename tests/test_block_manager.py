@@ -1,10 +1,10 @@
-"""The KV cache's block bookkeeping (engine.block_manager), on stand-in sequences."""
+"""The KV cache's block bookkeeping (engine.core.kv_cache_manager), on stand-in sequences."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
+from engine.core.kv_cache_manager import BlockManager
 
 
 class Seq:

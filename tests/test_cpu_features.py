@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from engine import cpu_features as cf
 from engine import envs
+from engine.platforms import cpu_features as cf
 
 EPYC_AVX2 = "fpu sse sse2 avx avx2 fma f16c bmi2"
 XEON_AMX = EPYC_AVX2 + " avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile avx_vnni"

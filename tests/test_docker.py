@@ -19,7 +19,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, free_port, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -147,7 +146,7 @@ def test_image_is_small_non_root_with_healthcheck_and_preloads(image):
     assert names == ["libtcmalloc_minimal.so.4", "libiomp5.so"]
     # Every file exists and is a loadable library inside the image; the wheel,
     # not a source tree, is what is installed; the engine sees the preloads.
-    check = ("import ctypes, os, engine, engine.preload as p; "
+    check = ("import ctypes, os, engine, engine.platforms.cpu_preload as p; "
              "[ctypes.CDLL(f) for f in os.environ['LD_PRELOAD'].split(':')]; "
              "assert not p.is_source_build(); assert all(n in os.environ['LD_PRELOAD'] "
              "for n in p.wanted(False)); print(engine.BUILD_INFO.variant)")

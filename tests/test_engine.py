@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from engine import cpu_binding, envs, ops, platforms, preload
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
 from helpers import WORDS, make_checkpoint
+
+from engine import envs, ops, platforms
+from engine.entrypoints.llm import LLM
+from engine.platforms import cpu_binding, cpu_preload
+from engine.sampling_params import SamplingParams
 
 PROMPTS = ["the a of to and in is it you", "he was", "people my over know water than call "
            "first who may down side been now find the a of to and in is it you that he was for "
@@ -58,7 +59,7 @@ def test_greedy_matches_transformers_under_preemption(checkpoints):
     # 6 blocks of 32 tokens for 6 sequences that each grow past one block
     llm = make_llm(checkpoints["llama"], num_kv_blocks=6, max_model_len=128)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
-    assert llm.scheduler.num_preemptions > 0
+    assert llm.core.scheduler.num_preemptions > 0
     for o in outs:
         assert o.outputs[0].token_ids == hf_greedy(checkpoints["llama"], o.prompt_token_ids, 40)
         assert o.outputs[0].finish_reason == "length"
@@ -70,8 +71,8 @@ def _linear_modes() -> list:
     and `auto` with every probe capped at AVX2 (VLLM_CPU_MAX_ISA), as on an AMD
     EPYC without AVX-512, where the engine must decide by itself, and at AVX-512
     without AVX512_BF16 (k-major panels where the CPU would take k pairs)."""
-    from engine import cpu_features as cf
-    from engine.cpu_features import CpuIsaError
+    from engine.platforms import cpu_features as cf
+    from engine.platforms.cpu_features import CpuIsaError
 
     params = []
     for requested in ("panels", "onednn", "plain"):
@@ -92,8 +93,8 @@ def _linear_modes() -> list:
 @pytest.fixture(params=_linear_modes())
 def bf16_linear_mode(request, monkeypatch):
     """The mode's cpu_features name, with the environment set to get it."""
-    from engine import cpu_features as cf
-    from engine.layers import linear
+    from engine.model_executor.layers import linear
+    from engine.platforms import cpu_features as cf
 
     if request.param.startswith("auto-"):
         monkeypatch.setenv("VLLM_CPU_MAX_ISA", request.param.removeprefix("auto-"))
@@ -121,9 +122,9 @@ def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
 
     llm = LLM(model=checkpoints[model_type], dtype="bfloat16", block_size=32, num_kv_blocks=64,
               bind_threads=False)
-    assert llm.model.layers[0].input_layernorm.weight.dtype == torch.bfloat16
-    assert llm.core.linear_mode == bf16_linear_mode
-    gate_up = llm.model.layers[0].gate_up
+    assert llm.core.executor.model.layers[0].input_layernorm.weight.dtype == torch.bfloat16
+    assert llm.core.executor.linear_mode == bf16_linear_mode
+    gate_up = llm.core.executor.model.layers[0].gate_up
     assert (gate_up.packed is not None, gate_up.panels is not None) == (
         bf16_linear_mode == "onednn-prepacked", bf16_linear_mode == "engine-panels")
     if gate_up.panels is not None:  # k pairs exactly on the avx512_bf16 code path
@@ -133,7 +134,7 @@ def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
         cap = os.environ.get("VLLM_CPU_MAX_ISA")
         if cap:
             assert ops.cpu_isa() == cap
-        from engine.layers.linear import cpu_linear_choice
+        from engine.model_executor.layers.linear import cpu_linear_choice
 
         assert ("AVX512_BF16" in cpu_linear_choice(torch.bfloat16).reason) == pairs
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
@@ -157,14 +158,14 @@ def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batch
     llm = make_llm(checkpoints["llama"], max_num_seqs=max_num_seqs, max_model_len=48,
                    max_num_batched_tokens=max_num_batched_tokens)
     steps = []
-    schedule = llm.scheduler.schedule
+    schedule = llm.core.scheduler.schedule
 
     def spy():
         seqs, is_prefill = schedule()
         steps.append((len(seqs), sum(len(s) for s in seqs) if is_prefill else len(seqs)))
         return seqs, is_prefill
 
-    llm.scheduler.schedule = spy
+    llm.core.scheduler.schedule = spy
     ref = make_llm(checkpoints["llama"])
     p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS * 2, p)] == \
@@ -186,11 +187,11 @@ def test_batch_bounds_are_honest(checkpoints):
     with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
         make_llm(checkpoints["llama"], max_num_seqs=0)
     llm = make_llm(checkpoints["llama"], max_model_len=64)  # unset: a default that fits
-    assert llm.scheduler.max_num_batched_tokens == 8192
+    assert llm.core.scheduler.max_num_batched_tokens == 8192
 
 
 def test_seeded_generator_lives_on_the_logits_device(checkpoints, monkeypatch):
-    from engine.sequence import Sequence
+    from engine.core.sequence import Sequence
 
     llm = make_llm(checkpoints["llama"])
     devices = []
@@ -202,7 +203,7 @@ def test_seeded_generator_lives_on_the_logits_device(checkpoints, monkeypatch):
 
     monkeypatch.setattr(Sequence, "generator", spy)
     llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, seed=3, max_tokens=3))
-    assert devices and set(devices) == {llm.runner.device}
+    assert devices and set(devices) == {llm.core.executor.runner.device}
     seq = Sequence([1, 2], SamplingParams(seed=1), None, 0)
     g = seq.generator(torch.device("cpu"))
     assert g.device.type == "cpu" and seq.generator(torch.device("cpu")) is g
@@ -237,7 +238,7 @@ def test_eos_stops_unless_ignored(checkpoints):
     llm = make_llm(checkpoints["llama"])
     greedy = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30,
                                                      ignore_eos=True))[0].outputs[0].token_ids
-    llm.config = llm.config.__class__(**{**llm.config.__dict__, "eos_token_ids": (greedy[4],)})
+    llm.core.config = llm.core.config.__class__(**{**llm.core.config.__dict__, "eos_token_ids": (greedy[4],)})
     out = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30))[0].outputs[0]
     assert out.token_ids == greedy[:greedy.index(greedy[4]) + 1] and out.finish_reason == "stop"
 
@@ -277,7 +278,7 @@ def test_upstream_prompt_dicts(checkpoints):
     llm = make_llm(checkpoints["llama"], max_model_len=64)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     text = "the a of to"
-    ids = llm.tokenizer.encode(text).ids
+    ids = llm.get_tokenizer().encode(text).ids
     want = llm.generate([text, ids], params)
     got = llm.generate([{"prompt": text}, {"prompt_token_ids": ids}], params)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
@@ -394,11 +395,11 @@ def test_preload_line(tmp_path):
     lib.mkdir()
     (lib / "libiomp5.so").write_text("")
     (lib / "libtcmalloc_minimal.so.4").write_text("")
-    found = preload.find(dirs=[lib])
-    assert preload.export_line(found, source_build=False) == \
+    found = cpu_preload.find(dirs=[lib])
+    assert cpu_preload.export_line(found, source_build=False) == \
         f"export LD_PRELOAD={lib}/libiomp5.so${{LD_PRELOAD:+:$LD_PRELOAD}}"
-    assert f"{lib}/libtcmalloc_minimal.so.4" in preload.export_line(found, source_build=True)
-    assert preload.export_line({}, True) is None
+    assert f"{lib}/libtcmalloc_minimal.so.4" in cpu_preload.export_line(found, source_build=True)
+    assert cpu_preload.export_line({}, True) is None
 
 
 # ---- platforms ------------------------------------------------------------------
@@ -466,43 +467,45 @@ def test_warns_once_when_preload_libraries_are_not_preloaded(tmp_path, monkeypat
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "libiomp5.so").write_text("")
-    monkeypatch.setattr(preload, "search_dirs", lambda: [lib])
-    monkeypatch.setattr(preload, "is_source_build", lambda: False)
+    monkeypatch.setattr(cpu_preload, "search_dirs", lambda: [lib])
+    monkeypatch.setattr(cpu_preload, "is_source_build", lambda: False)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    preload.warn_if_not_preloaded.cache_clear()
+    cpu_preload.warn_if_not_preloaded.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="engine"):
-            preload.warn_if_not_preloaded()
-            preload.warn_if_not_preloaded()
+            cpu_preload.warn_if_not_preloaded()
+            cpu_preload.warn_if_not_preloaded()
         warnings = [r.message for r in caplog.records if "not preloaded" in r.message]
         assert len(warnings) == 1 and f"export LD_PRELOAD={lib}/libiomp5.so" in warnings[0]
         caplog.clear()
-        preload.warn_if_not_preloaded.cache_clear()
+        cpu_preload.warn_if_not_preloaded.cache_clear()
         monkeypatch.setenv("LD_PRELOAD", str(lib / "libiomp5.so"))
         with caplog.at_level(logging.WARNING, logger="engine"):
-            preload.warn_if_not_preloaded()
+            cpu_preload.warn_if_not_preloaded()
         assert "not preloaded" not in caplog.text
     finally:
-        preload.warn_if_not_preloaded.cache_clear()
+        cpu_preload.warn_if_not_preloaded.cache_clear()
 
 
 @pytest.mark.parametrize("value,want_plain", [("0", True), ("1", False), (None, False)])
 def test_zentorch_weight_prepack_on_amd_zen(checkpoints, monkeypatch, value, want_plain):
     """Upstream's VLLM_ZENTORCH_WEIGHT_PREPACK: on the zen_cpu platform `0` keeps
     torch's plain weights; `1` (the default) lays them out as the engine decides."""
-    from engine import core, platforms
-    from engine.cpu_features import PLAIN
+    from engine import platforms
+    from engine.executor import uniproc_executor
+    from engine.platforms.cpu_features import PLAIN
 
-    monkeypatch.setattr(core, "current_platform", platforms.ZenCpuPlatform)
+    monkeypatch.setattr(uniproc_executor, "current_platform", platforms.ZenCpuPlatform)
     if value is None:
         monkeypatch.delenv("VLLM_ZENTORCH_WEIGHT_PREPACK", raising=False)
     else:
         monkeypatch.setenv("VLLM_ZENTORCH_WEIGHT_PREPACK", value)
     llm = make_llm(checkpoints["llama"])
-    from engine.layers.linear import cpu_linear_choice
+    from engine.model_executor.layers.linear import cpu_linear_choice
 
-    assert llm.core.linear_mode == (PLAIN if want_plain else cpu_linear_choice(torch.float32).mode)
-    assert (llm.model.layers[0].qkv.weight is not None) == (llm.core.linear_mode == PLAIN)
+    executor = llm.core.executor
+    assert executor.linear_mode == (PLAIN if want_plain else cpu_linear_choice(torch.float32).mode)
+    assert (executor.model.layers[0].qkv.weight is not None) == (executor.linear_mode == PLAIN)
     outs = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     for o in outs:
         assert o.outputs[0].token_ids == hf_greedy(checkpoints["llama"], o.prompt_token_ids, 8)

@@ -7,12 +7,13 @@ import shutil
 
 import pytest
 import torch
+from helpers import REPO, run
 
 import engine
 from engine import envs
 from engine.ops import OP_NAMES
-from helpers import REPO, run
-from tools.gpu_check import bench, ops as op_checks
+from tools.gpu_check import bench
+from tools.gpu_check import ops as op_checks
 
 needs_kernels = pytest.mark.skipif(not engine.BUILD_INFO.has_kernels,
                                    reason="no compiled kernels (run ci/setup-dev.sh)")

@@ -1,11 +1,11 @@
-"""engine.hugepages: the packed weights and the KV cache ask for transparent
+"""engine.platforms.cpu_hugepages: the packed weights and the KV cache ask for transparent
 huge pages before they are touched, and get them where the kernel allows."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import hugepages
+from engine.platforms import cpu_hugepages
 
 
 def fake_thp(tmp_path, text: str):
@@ -16,8 +16,8 @@ def fake_thp(tmp_path, text: str):
 
 
 def test_thp_mode_reads_the_bracketed_word(tmp_path):
-    assert hugepages.thp_mode(fake_thp(tmp_path, "always [madvise] never\n")) == "madvise"
-    assert hugepages.thp_mode(tmp_path / "none") is None
+    assert cpu_hugepages.thp_mode(fake_thp(tmp_path, "always [madvise] never\n")) == "madvise"
+    assert cpu_hugepages.thp_mode(tmp_path / "none") is None
 
 
 def anon_huge_kb(t: torch.Tensor) -> int:
@@ -35,24 +35,24 @@ def anon_huge_kb(t: torch.Tensor) -> int:
 
 
 def needs_thp():
-    mode = hugepages.thp_mode()
+    mode = cpu_hugepages.thp_mode()
     if mode not in ("always", "madvise"):
         pytest.skip(f"this kernel's transparent huge pages are {mode or 'absent'}")
 
 
 def test_a_large_tensor_gets_huge_pages_and_a_small_one_is_left_alone():
     needs_thp()
-    big = hugepages.empty((16 << 20,), torch.uint8)
+    big = cpu_hugepages.empty((16 << 20,), torch.uint8)
     big.fill_(1)
     assert anon_huge_kb(big) >= 2048
-    small = hugepages.empty((1000,), torch.float32).fill_(1)  # below 2 MiB: torch's allocator
-    if hugepages.thp_mode() == "madvise":  # under `always` the heap may be huge anyway
+    small = cpu_hugepages.empty((1000,), torch.float32).fill_(1)  # below 2 MiB: torch's allocator
+    if cpu_hugepages.thp_mode() == "madvise":  # under `always` the heap may be huge anyway
         assert anon_huge_kb(small) == 0
 
 
 def test_packed_weights_lie_in_huge_pages():
     needs_thp()
-    from engine.layers.linear import pack_panels
+    from engine.model_executor.layers.linear import pack_panels
 
     packed = pack_panels(torch.randn(2048, 2048))  # 16 MiB, streamed at every step
     assert anon_huge_kb(packed) >= 2048

@@ -6,15 +6,15 @@ import logging
 
 import pytest
 
-from engine import cpu_binding, numa
+from engine.platforms import cpu_binding, cpu_numa
 
 
 def test_bind_memory_on_this_machine():
-    reason = numa.bind_memory(0)
+    reason = cpu_numa.bind_memory(0)
     if reason and "not permitted" in reason:
         pytest.skip(f"this process may not set a memory policy ({reason})")
     assert reason is None
-    assert numa.bind_memory(5000) == "NUMA node 5000 is out of range"
+    assert cpu_numa.bind_memory(5000) == "NUMA node 5000 is out of range"
 
 
 def test_auto_plan_names_the_node_only_for_the_real_sysfs(tmp_path):
@@ -34,7 +34,7 @@ def test_refused_numa_calls_cost_one_warning(monkeypatch, caplog):
         calls.append(node)
         return "get_mempolicy: Operation not permitted"
 
-    monkeypatch.setattr(numa, "bind_memory", refused)
+    monkeypatch.setattr(cpu_numa, "bind_memory", refused)
     monkeypatch.setattr(cpu_binding, "_numa_warned", False)
     monkeypatch.setattr(cpu_binding, "_applied", None)
     binding = cpu_binding.Binding(None, "test", node=0)

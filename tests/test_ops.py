@@ -26,7 +26,7 @@ def _isas() -> list:
     VLLM_CPU_MAX_ISA hides) is a visible skip with the reason."""
     if not engine.BUILD_INFO.has_kernels or engine.BUILD_INFO.device != "cpu":
         return ["none"]
-    from engine.cpu_features import CpuIsaError
+    from engine.platforms.cpu_features import CpuIsaError
 
     params = []
     for name in ops.compiled_cpu_isas():
@@ -319,7 +319,7 @@ def test_linear(isa, dtype, m, k, n, bias, k_pack):
     if k_pack == 2 and ops.panel_k_pack(dtype) != 2:
         pytest.skip(f"the k-pair layout not run: it is the avx512_bf16 code path's, and "
                     f"the {isa} path reads k-major (it refuses pairs: tested below)")
-    from engine.layers.linear import pack_panels
+    from engine.model_executor.layers.linear import pack_panels
 
     g = torch.Generator().manual_seed(m * k + n)
     x = torch.randn(m, k, generator=g).to(dtype)
@@ -338,7 +338,7 @@ def test_linear(isa, dtype, m, k, n, bias, k_pack):
 def test_linear_refuses_a_weight_that_does_not_fit(isa):
     if isa == "none" or not ops.has_panel_linear():
         pytest.skip(f"the {isa} code path has no panel linear kernel")
-    from engine.layers.linear import pack_panels
+    from engine.model_executor.layers.linear import pack_panels
 
     packed = pack_panels(torch.randn(40, 8))
     with pytest.raises(ValueError, match="out has 50 columns but packed_weight holds 48"):
@@ -357,7 +357,7 @@ def test_linear_refuses_pairs_where_the_cpu_lacks_avx512_bf16(isa):
         pytest.skip(f"the {isa} code path has no panel linear kernel")
     if ops.has_bf16_pair_linear():
         pytest.skip(f"the {isa} code path runs the AVX512_BF16 pair kernel on this CPU")
-    from engine.layers.linear import pack_panels
+    from engine.model_executor.layers.linear import pack_panels
 
     pairs = pack_panels(torch.randn(40, 8).bfloat16(), k_pack=2)
     with pytest.raises(RuntimeError, match="packed in k pairs for AVX512_BF16"):

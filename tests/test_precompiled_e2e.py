@@ -12,8 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, UV, PlusAsSpaceServer, free_port, make_venv, run
+
 from tools.hashing import sha256_file
 from wheel_index.publish import publish
 from wheel_index.server import make_server
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 SMOKE = ("import torch, engine, json; x = torch.randn(2, 32); o = torch.empty_like(x); "
          "engine.ops.rms_norm(o, x, torch.ones(32), 1e-6); "
-         "from engine.env import report; print(json.dumps(report()['precompiled_from']))")
+         "from engine.collect_env import report; print(json.dumps(report()['precompiled_from']))")
 
 
 def git(repo, *args):

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, free_port
 
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
@@ -99,7 +98,7 @@ def server(tiny_model):
 
 @pytest.fixture(scope="module")
 def offline(tiny_model):
-    from engine.llm import LLM
+    from engine.entrypoints.llm import LLM
 
     return LLM(model=tiny_model, dtype="float32", block_size=BLOCK, num_kv_blocks=256,
                max_model_len=MAX_MODEL_LEN, bind_threads=False)
@@ -376,7 +375,7 @@ def test_no_chat_template_is_a_clear_400(tiny_model, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_server_cleanly(tiny_model, sig):
     """uvicorn and the engine's step loop share the main thread's event loop
-    (engine.async_llm.AsyncLLM.run), and uvicorn re-raises the signals it caught
+    (engine.core.async_llm.AsyncLLM.run), and uvicorn re-raises the signals it caught
     on its way out, so the server's own handlers must take them: a request
     under way when the signal comes still ends, then it exits 0, no traceback."""
     s = ServerProcess(tiny_model)

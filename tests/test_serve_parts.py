@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
 
 transformers = pytest.importorskip("transformers",
@@ -73,14 +72,14 @@ def test_chat_template_errors_are_clear(tiny):
 def test_tiny_model_loads_in_transformers_and_refuses_a_used_folder(tiny, tmp_path):
     import torch
 
-    from engine.llm import LLM
+    from engine.entrypoints.llm import LLM
     from engine.sampling_params import SamplingParams
     from engine.tiny_model import make_tiny_model
 
     llm = LLM(model=tiny, dtype="float32", block_size=32, num_kv_blocks=8, max_model_len=256,
               bind_threads=False)
-    ids = llm.tokenizer.encode("Hello there, ünïcode!").ids
-    assert llm.tokenizer.decode(ids) == "Hello there, ünïcode!"  # byte-level: any text
+    ids = llm.get_tokenizer().encode("Hello there, ünïcode!").ids
+    assert llm.get_tokenizer().decode(ids) == "Hello there, ünïcode!"  # byte-level: any text
     out = llm.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(
         temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0].token_ids
     hf = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
@@ -141,13 +140,13 @@ def test_cli_reports_a_missing_model_in_one_line(capsys, tmp_path, monkeypatch):
 
 
 def test_cli_refuses_a_bad_stream_interval_before_loading(capsys, monkeypatch):
-    import engine.core
+    import engine.core.engine_core
     from engine.cli import main
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the flag was checked")
 
-    monkeypatch.setattr(engine.core, "EngineCore", no_load)
+    monkeypatch.setattr(engine.core.engine_core, "EngineCore", no_load)
     assert main(["serve", "some/model", "--stream-interval", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--stream-interval must be 'auto'" in err, err
@@ -157,7 +156,7 @@ def test_help_does_not_import_the_server_stack():
     code = ("import sys; from engine.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('fastapi', 'uvicorn', 'openai', 'transformers', "
-            "'engine.core', 'engine.llm') if m in sys.modules]\n"
+            "'engine.core.engine_core', 'engine.entrypoints.llm') if m in sys.modules]\n"
             "print('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          timeout=120)
@@ -169,7 +168,7 @@ def test_help_does_not_import_the_server_stack():
 
 
 def test_requests_join_leave_and_abort_between_steps(tiny):
-    from engine.core import EngineCore
+    from engine.core.engine_core import EngineCore
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
@@ -198,8 +197,8 @@ def test_requests_join_leave_and_abort_between_steps(tiny):
 
 
 def test_async_llm_closing_a_stream_aborts_it(tiny):
-    from engine.async_llm import AsyncLLM
-    from engine.core import EngineCore
+    from engine.core.async_llm import AsyncLLM
+    from engine.core.engine_core import EngineCore
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
@@ -248,8 +247,8 @@ def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer):
     from hypothesis import strategies as st
     from tokenizers import Tokenizer
 
-    from engine.async_llm import RequestUpdate
-    from engine.entrypoints.openai.api_server import _Text
+    from engine.core.async_llm import RequestUpdate
+    from engine.entrypoints.openai.serving_engine import StreamedText as _Text
     from engine.sampling_params import SamplingParams
 
     tok = (_byte_level_tokenizer() if tokenizer == "byte-level"
@@ -274,8 +273,8 @@ def test_async_llm_steps_in_the_loop_and_hands_each_token_over_before_the_next_s
     reaches its reader before the next step starts, and shutdown() ends run()."""
     import threading
 
-    from engine.async_llm import AsyncLLM
-    from engine.core import EngineCore
+    from engine.core.async_llm import AsyncLLM
+    from engine.core.engine_core import EngineCore
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
@@ -318,8 +317,8 @@ def test_async_llm_steps_in_the_loop_and_hands_each_token_over_before_the_next_s
 
 
 def test_a_failing_step_fails_every_reader_and_later_requests(tiny):
-    from engine.async_llm import AsyncLLM, EngineDeadError
-    from engine.core import EngineCore
+    from engine.core.async_llm import AsyncLLM, EngineDeadError
+    from engine.core.engine_core import EngineCore
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
@@ -392,8 +391,8 @@ def test_async_llm_merges_the_steps_of_one_hand_off(tiny):
     """stream_interval=3: a reader gets its first token at once, then one
     update per three steps holding their tokens in order, then the end; the
     tokens equal the offline core's."""
-    from engine.async_llm import AsyncLLM
-    from engine.core import EngineCore
+    from engine.core.async_llm import AsyncLLM
+    from engine.core.engine_core import EngineCore
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from helpers import REPO, run
 
 PROBE = """
@@ -22,7 +21,7 @@ print("torch imported" if "torch" in sys.modules else "no torch", file=sys.stder
 
 @pytest.mark.parametrize("argv,call", [
     (["engine", "--help"], "from engine.cli import main; main(sys.argv[1:])"),
-    (["engine", "env"], "from engine.env import static_report; print(static_report())"),
+    (["engine", "env"], "from engine.collect_env import static_report; print(static_report())"),
     (["tools.target"], "from tools.target import main; main([])"),
     (["tools.bisect", "--help"], "from tools.bisect import main; main(sys.argv[1:])"),
 ])
@@ -33,7 +32,7 @@ def test_no_torch_import(argv, call):
 
 
 def test_engine_env_prints_build_facts_then_torch_facts():
-    lines = run([sys.executable, "-m", "engine.env"], cwd=REPO).stdout.splitlines()
+    lines = run([sys.executable, "-m", "engine.collect_env"], cwd=REPO).stdout.splitlines()
     keys = [line.split()[0] for line in lines if line and not line.startswith(" ")]
     assert keys[0] == "vllm_engine" and "torch" in keys
     assert keys.index("variant") < keys.index("torch")

@@ -1,10 +1,16 @@
-"""When the server hands streamed tokens over (engine/stream_pacer.py): the
+"""When the server hands streamed tokens over (engine/entrypoints/openai/stream_pacer.py): the
 rule on fake timings, and `--stream-interval`'s values."""
 from __future__ import annotations
 
 import pytest
 
-from engine.stream_pacer import BUDGET, MAX_STEPS, MAX_WAIT, StreamPacer, parse_interval
+from engine.entrypoints.openai.stream_pacer import (
+    BUDGET,
+    MAX_STEPS,
+    MAX_WAIT,
+    StreamPacer,
+    parse_interval,
+)
 
 
 def steps_until_due(pacer: StreamPacer, step_s: float, limit: int = 50) -> int:

@@ -13,8 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, UV, make_venv, make_wheel, run, torch_wheelhouse
+
 from wheel_index.publish import publish
 from wheel_index.server import make_server
 from wheel_index.storage import open_storage
@@ -146,7 +146,7 @@ def test_precompiled_editable_install_from_the_variants_level(cpu_variants_level
                            f"{torch_mirror}/cpu", "--index-strategy", "unsafe-best-match"],
                           env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    used = json.loads(run([py, "-c", "import engine, json; from engine.env import report; "
+    used = json.loads(run([py, "-c", "import engine, json; from engine.collect_env import report; "
                            "print(json.dumps(report()['precompiled_from']))"],
                           cwd=tmp_path).stdout.strip().splitlines()[-1])
     assert used["commit"] == commit and used["variant"] == "cpu"

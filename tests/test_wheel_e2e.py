@@ -9,11 +9,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import REPO, TORCH_CPU_PIN, TORCH_CPU_VERSION, UV, copy_source_tree, make_venv, run
 
-from engine.cpu_features import X86_ISAS
-
-from helpers import (REPO, TORCH_CPU_PIN, TORCH_CPU_VERSION, UV, copy_source_tree, make_venv,
-                     run)
+from engine.platforms.cpu_features import X86_ISAS
 
 pytestmark = pytest.mark.slow
 

@@ -103,7 +103,7 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
                         (packed_weight.size(2) == kPanel || pairs) && packed_weight.is_contiguous(),
                     op, ": packed_weight must be contiguous [ceil(N/", kPanel, "), ", K, ", ",
                     kPanel, "] or, in k pairs, [ceil(N/", kPanel, "), ", (K + 1) / 2, ", ",
-                    2 * kPanel, "] (engine.layers.linear.pack_panels), got shape ",
+                    2 * kPanel, "] (engine.model_executor.layers.linear.pack_panels), got shape ",
                     packed_weight.sizes());
   TORCH_CHECK_VALUE(!pairs || dt == at::kBFloat16, op,
                     ": a weight packed in k pairs is bfloat16 only, got ", dt);
@@ -123,10 +123,10 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
   }
   const auto& table = kernels();
   TORCH_CHECK(table.linear != nullptr, op, ": the ", table.isa,
-              " kernels have no linear; use torch's (engine.layers.linear decides)");
+              " kernels have no linear; use torch's (engine.model_executor.layers.linear decides)");
   TORCH_CHECK(!pairs || has_linear_bf16_pairs(), op, ": the weight is packed in k pairs for "
               "AVX512_BF16, which the ", table.isa, " code path on this CPU lacks; pack it "
-              "with engine.layers.linear.pack_panels(weight, ops.panel_k_pack(dtype))");
+              "with engine.model_executor.layers.linear.pack_panels(weight, ops.panel_k_pack(dtype))");
   if (M == 0 || N == 0) return;
   if (pairs) {
     table.linear_bf16_pairs(out.data_ptr(), input.const_data_ptr(), packed_weight.const_data_ptr(),

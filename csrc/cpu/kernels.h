@@ -14,7 +14,7 @@ namespace engine_cpu {
 
 enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 
-// Columns per panel of a packed linear weight (engine.layers.linear.PANEL).
+// Columns per panel of a packed linear weight (engine.model_executor.layers.linear.PANEL).
 constexpr int64_t kPanel = 16;
 
 // Every pointer is to the first element; strides are in elements.

@@ -18,7 +18,7 @@ import torch
 import engine
 from engine import ops
 from engine.cli import main as engine_main
-from engine.cpu_features import CpuIsaError
+from engine.platforms.cpu_features import CpuIsaError
 
 HERE = Path(__file__).resolve().parent
 
@@ -80,11 +80,12 @@ def test_greedy_output_matches_transformers(tmp_path):
     Under qemu, torch's own aarch64 numerics (the engine with no compiled
     kernels at all, one prompt at a time) depart from transformers on the
     long prompt of this set; on x86_64 all six match (tests/test_engine.py)."""
-    from engine import reference
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
     from helpers import make_checkpoint
     from test_engine import PROMPTS, hf_greedy
+
+    from engine import reference
+    from engine.entrypoints.llm import LLM
+    from engine.sampling_params import SamplingParams
 
     path = make_checkpoint(tmp_path / "llama", "llama", seed=0)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -13,12 +13,12 @@ logger = logging.getLogger("engine")
 def serve(args) -> int:
     import uvicorn
 
-    from engine.async_llm import AsyncLLM
-    from engine.core import EngineCore
+    from engine.core.async_llm import AsyncLLM
+    from engine.core.engine_core import EngineCore
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
     from engine.entrypoints.openai.metrics import Metrics
-    from engine.stream_pacer import parse_interval
+    from engine.entrypoints.openai.stream_pacer import parse_interval
 
     interval = parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
 

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from engine import hugepages
-from engine.block_manager import BlockManager
-from engine.config import ModelConfig
+from engine.core.kv_cache_manager import BlockManager
+from engine.core.sequence import Sequence
 from engine.forward_context import ForwardContext, set_context
-from engine.layers.sampler import sample
-from engine.models.llama import LlamaForCausalLM
-from engine.sequence import Sequence
-
-
-def kv_cache_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return 2 * c.num_layers * c.num_kv_heads * block_size * c.head_dim * dtype.itemsize
+from engine.model_executor.layers.sampler import sample
+from engine.model_executor.models.llama import LlamaForCausalLM
+from engine.platforms import cpu_hugepages
 
 
 class ModelRunner:
@@ -25,10 +20,10 @@ class ModelRunner:
         shape = (blocks.num_blocks, c.num_kv_heads, blocks.block_size, c.head_dim)
         # Uninitialized: a slot is always written (reshape_and_cache) before any
         # kernel reads it, and untouched pages of a large cache cost no memory.
-        # On the CPU, huge pages (engine.hugepages): attention streams the cache.
+        # On the CPU, huge pages (engine.platforms.cpu_hugepages): attention streams the cache.
         def cache() -> torch.Tensor:
             if device.type == "cpu":
-                return hugepages.empty(shape, dtype)
+                return cpu_hugepages.empty(shape, dtype)
             return torch.empty(shape, dtype=dtype, device=device)
 
         for attn in model.attention_layers():

@@ -1,4 +1,4 @@
-"""`python -m engine.env`: what this installation is and runs on (like upstream's collect_env).
+"""`python -m engine.collect_env`: what this installation is and runs on (like upstream's collect_env).
 
 The first lines come from the build-info record alone; torch is imported only
 for the lines that need it, so the command answers at once.
@@ -53,7 +53,7 @@ def runtime_report() -> dict:
     import torch
 
     import engine
-    from engine import preload
+    from engine.platforms import cpu_preload
     from engine.platforms import current as current_platform
 
     return {
@@ -63,7 +63,7 @@ def runtime_report() -> dict:
         "torch_cuda": torch.version.cuda,
         "torch_hip": getattr(torch.version, "hip", None),
         "platform_class": type(current_platform()).__name__,
-        "ld_preload_hint": preload.export_line(preload.find(), preload.is_source_build()),
+        "ld_preload_hint": cpu_preload.export_line(cpu_preload.find(), cpu_preload.is_source_build()),
     }
 
 
@@ -73,8 +73,9 @@ def _cpu_report(info) -> dict:
         return {}
     import torch
 
-    from engine import cpu_features, envs
-    from engine.layers.linear import cpu_linear_choice
+    from engine import envs
+    from engine.model_executor.layers.linear import cpu_linear_choice
+    from engine.platforms import cpu_features
 
     features = cpu_features.current()
     out = {
@@ -94,9 +95,9 @@ def _cpu_report(info) -> dict:
                        "blocks are reused first, so what stays resident is the busiest moment's need")
     from pathlib import Path
 
-    from engine import hugepages
+    from engine.platforms import cpu_hugepages
 
-    mode = hugepages.thp_mode(Path(envs.sysfs_root()))
+    mode = cpu_hugepages.thp_mode(Path(envs.sysfs_root()))
     out["huge_pages"] = (
         f"transparent huge pages '{mode}': asked for the packed weights and the KV cache"
         if mode in ("always", "madvise") else

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
+from engine.core.sequence import Sequence
+from engine.entrypoints.openai.stream_pacer import StreamPacer
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-from engine.stream_pacer import StreamPacer
 
 logger = logging.getLogger("engine")
 
@@ -49,7 +49,7 @@ class AsyncLLM:
         """stats: on_step(core) after each step and on_token(stream, now,
         finish_reason) per token (the server's Prometheus metrics); optional.
         stream_interval: hand tokens over every that many steps, None for
-        auto (engine/stream_pacer.py)."""
+        auto (engine/entrypoints/openai/stream_pacer.py)."""
         self.core = core
         self.stats = stats
         self.pacer = StreamPacer(stream_interval)

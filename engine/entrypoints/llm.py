@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
+from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 
 
 @dataclass
@@ -43,16 +43,8 @@ class LLM:
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", **kwargs):
         self.core = EngineCore(model, dtype, **kwargs)
 
-    def __getattr__(self, name: str):  # config, tokenizer, scheduler, ...: the core's
-        if name == "core":
-            raise AttributeError(name)
-        return getattr(self.core, name)
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "core":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.core, name, value)
+    def get_tokenizer(self):
+        return self.core.tokenizer
 
     # ---- generation ----------------------------------------------------------
 

@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.layers.activation import SiluAndMul
-from engine.layers.attention import Attention
-from engine.layers.linear import Linear
-from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding
+from engine.model_executor.layers.activation import SiluAndMul
+from engine.model_executor.layers.attention import Attention
+from engine.model_executor.layers.linear import Linear
+from engine.model_executor.layers.norm import RMSNorm
+from engine.model_executor.layers.rotary import RotaryEmbedding
 
 
 def _param(*shape, dtype) -> nn.Parameter:
@@ -77,7 +77,7 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(x[last_token_index])
 
     def prepare_linear(self, mode: str) -> None:
-        """Every linear layer's weight laid out for `mode` (engine.cpu_features)."""
+        """Every linear layer's weight laid out for `mode` (engine.platforms.cpu_features)."""
         for m in self.modules():
             if isinstance(m, Linear):
                 m.prepare(mode)

@@ -1,5 +1,5 @@
 """A linear layer whose weight is laid out once at load for the way this CPU
-runs it (engine.cpu_features.choose_linear decides): the engine's 16-column
+runs it (engine.platforms.cpu_features.choose_linear decides): the engine's 16-column
 panels (csrc/cpu/linear_impl.h), oneDNN's prepacked layout, or torch's plain
 [out, in] weight for F.linear."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import cpu_features, hugepages, ops
+from engine import ops
+from engine.platforms import cpu_features, cpu_hugepages
 
 logger = logging.getLogger("engine")
 
@@ -35,7 +36,7 @@ def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
                                       bf16_pairs=ops.has_bf16_pair_linear())
 
 
-PANEL = 16  # columns per panel: one AVX-512 vector, two AVX2 ones
+PANEL = ops.PANEL
 
 
 def pack_panels(weight: torch.Tensor, k_pack: int = 1) -> torch.Tensor:
@@ -48,7 +49,7 @@ def pack_panels(weight: torch.Tensor, k_pack: int = 1) -> torch.Tensor:
     panels, steps = -(-n // PANEL), -(-k // k_pack)
     padded = weight.new_zeros(panels * PANEL, steps * k_pack)
     padded[:n, :k] = weight
-    out = hugepages.empty((panels, steps, PANEL * k_pack), weight.dtype)  # streamed every step
+    out = cpu_hugepages.empty((panels, steps, PANEL * k_pack), weight.dtype)  # streamed every step
     out.view(panels, steps, PANEL, k_pack).copy_(
         padded.view(panels, PANEL, steps, k_pack).permute(0, 2, 1, 3))
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from engine.models.llama import LlamaForCausalLM
+from engine.model_executor.models.llama import LlamaForCausalLM
 
 # checkpoint name suffix -> (our parameter, shard index in a fused parameter)
 _FUSED = {

@@ -9,7 +9,7 @@ huge pages, zeroing 2 MiB) for every block of fresh memory; the rows are also
 more likely to be in cache."""
 from __future__ import annotations
 
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 
 class BlockManager:

@@ -5,7 +5,7 @@ a fake tree), takes one CPU per physical core of the rank's node, and keeps
 VLLM_CPU_NUM_OF_RESERVED_CPU of them free; a CPU list is checked against the
 CPUs that exist and are allowed to this process; `nobind` leaves
 OMP_NUM_THREADS in charge. The binding applied is logged once. With `auto`
-memory is also bound to the rank's node (engine.numa); where the system refuses
+memory is also bound to the rank's node (engine.platforms.cpu_numa); where the system refuses
 (a container without CAP_SYS_NICE) one warning says so and nothing else changes.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from engine import envs, numa
+from engine import envs
+from engine.platforms import cpu_numa
 
 logger = logging.getLogger("engine")
 
@@ -120,7 +121,7 @@ def apply(binding: Binding) -> None:
         os.sched_setaffinity(0, binding.cpus)
         torch.set_num_threads(len(binding.cpus))
     if binding.node is not None:
-        reason = numa.bind_memory(binding.node)
+        reason = cpu_numa.bind_memory(binding.node)
         if reason and not _numa_warned:
             _numa_warned = True
             logger.warning("NUMA memory binding unavailable (%s); memory is not kept on node %d, "

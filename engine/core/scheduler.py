@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence
+from engine.core.kv_cache_manager import BlockManager
+from engine.core.sequence import Sequence
 
 
 class Scheduler:

@@ -1,0 +1,111 @@
+"""The engine's arguments, checked once and resolved into an EngineConfig
+(upstream's EngineArgs -> VllmConfig): the checkpoint, the dtype, the token
+budget of a step and the size of the KV cache. Nothing here loads a model."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine import envs
+from engine.config import ModelConfig
+from engine.model_source import resolve_model
+from engine.platforms import current as current_platform
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    path: Path
+    model: ModelConfig
+    dtype: torch.dtype
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    bind_threads: bool
+
+
+def available_memory_bytes() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def batch_bounds(max_model_len: int, max_num_seqs: int,
+                 max_num_batched_tokens: int | None) -> int:
+    """The token budget of one step, checked against the other bounds.
+
+    Prefill is not chunked: a prompt is run whole in one step, so the budget
+    must hold the longest sequence (max_model_len) and one decode token for
+    every running sequence (max_num_seqs). A budget the user chose is never
+    raised behind their back; an unset one is the larger of 8192 and both."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    if max_num_batched_tokens is None:
+        return max(DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len, max_num_seqs)
+    if max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
+            f"({max_model_len}): a prompt is prefilled in one step (no chunked prefill), so "
+            "raise max_num_batched_tokens or lower max_model_len")
+    if max_num_batched_tokens < max_num_seqs:
+        raise ValueError(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+            f"({max_num_seqs}): each running sequence decodes one token per step")
+    return max_num_batched_tokens
+
+
+def kv_cache_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return 2 * c.num_layers * c.num_kv_heads * block_size * c.head_dim * dtype.itemsize
+
+
+def resolve_dtype(dtype: str, model: ModelConfig) -> torch.dtype:
+    if dtype == "auto":
+        dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(model.torch_dtype or "",
+                                                                     "float32")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use auto, float32 or bfloat16")
+    return current_platform().resolve_dtype(DTYPES[dtype])
+
+
+def blocks_from_env(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    space = envs.kvcache_space_bytes()
+    free = available_memory_bytes()
+    if free is not None and space > free:
+        raise ValueError(f"VLLM_CPU_KVCACHE_SPACE asks for {space / 2**30:.2f} GiB of KV cache "
+                         f"but only {free / 2**30:.2f} GiB of memory is available; lower "
+                         "VLLM_CPU_KVCACHE_SPACE (GiB)")
+    return max(space // kv_cache_bytes_per_block(model, block_size, dtype), 0)
+
+
+def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block_size: int = 128,
+                         max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
+                         max_model_len: int | None = None, num_kv_blocks: int | None = None,
+                         bind_threads: bool = True) -> EngineConfig:
+    path = resolve_model(model)
+    mc = ModelConfig.from_dir(path)
+    torch_dtype = resolve_dtype(dtype, mc)
+    if block_size <= 0 or block_size % 32:
+        raise ValueError(f"block_size must be a positive multiple of 32, got {block_size}")
+    if max_model_len is not None and max_model_len < 2:
+        raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+    max_len = min(max_model_len or mc.max_position, mc.max_position)
+    budget = batch_bounds(max_len, max_num_seqs, max_num_batched_tokens)
+    num_blocks = num_kv_blocks or blocks_from_env(mc, block_size, torch_dtype)
+    if num_blocks * block_size < max_len:
+        raise ValueError(
+            f"the KV cache ({num_blocks} blocks of {block_size} tokens) cannot hold one "
+            f"sequence of the model's context ({max_len} tokens); raise "
+            "VLLM_CPU_KVCACHE_SPACE or lower max_model_len")
+    return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
+                        budget, bind_threads)

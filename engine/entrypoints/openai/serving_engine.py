@@ -1,0 +1,220 @@
+"""What both OpenAI endpoints share (upstream's OpenAIServing): OpenAI-shaped
+errors, turning a request into checked engine sequences, running them, text
+handed out as tokens arrive, and the pieces of a streamed answer."""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.core.async_llm import AsyncLLM, EngineDeadError
+from engine.entrypoints.openai.metrics import Metrics
+from engine.entrypoints.openai.protocol import _Sampling
+
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+               405: "MethodNotAllowed", 500: "InternalServerError", 503: "ServiceUnavailable"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "Error"),
+                      "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status)
+
+
+@dataclass
+class ServerState:
+    llm: AsyncLLM
+    model_names: list[str]
+    model_dir: Path
+    metrics: Metrics
+    api_key: str | None
+    chat_template: str | None
+    special_tokens: dict[str, str]
+    max_model_len: int
+    created: int
+
+
+# ---- requests ----------------------------------------------------------------
+
+
+def check_request(state: ServerState, body: _Sampling) -> str:
+    """The served model name the request asked for; refuses unknown models and
+    options this engine does not implement."""
+    if body.model is not None and body.model not in state.model_names:
+        raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
+                       f"{', '.join(state.model_names)}", "model")
+    bad = body.unsupported()
+    if bad:
+        raise APIError(400, f"{bad} is not supported by this engine; leave it unset", bad)
+    return body.model or state.model_names[0]
+
+
+def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: int,
+                   max_tokens: int) -> list:
+    llm = state.llm
+    try:
+        seqs = [llm.make_sequence(prompt, body.sampling_params(max_tokens, j), prompt_index)
+                for j in range(body.n)]
+    except ValueError as exc:
+        raise APIError(400, str(exc), "prompt") from None
+    room = state.max_model_len - seqs[0].num_prompt_tokens
+    if max_tokens > room and body.max_tokens is not None:
+        raise APIError(400, f"max_tokens ({max_tokens}) plus the prompt's "
+                       f"{seqs[0].num_prompt_tokens} tokens exceeds the model's context "
+                       f"({state.max_model_len}); ask for at most {room}", "max_tokens")
+    return seqs
+
+
+def usage(seqs) -> dict:
+    prompt = sum({s.index: s.num_prompt_tokens for s in seqs}.values())
+    completion = sum(s.num_output_tokens for s in seqs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def wants_usage(body) -> bool:
+    return body.stream_options is None or body.stream_options.include_usage
+
+
+# ---- running -----------------------------------------------------------------
+
+
+async def run(state: ServerState, seqs) -> AsyncIterator[tuple[int, object]]:
+    """(choice index, update) for every sequence, as they come; stopping
+    early (the client went away) aborts every sequence."""
+    for s in seqs:
+        state.metrics.on_prompt(s.num_prompt_tokens)
+    if len(seqs) == 1:  # the common case, without a task per sequence
+        async for update in state.llm.generate(seqs[0]):
+            yield 0, update
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, seq):
+        try:
+            async for update in state.llm.generate(seq):
+                await queue.put((i, update))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(seqs)]
+    try:
+        left = len(seqs)
+        while left:
+            i, update = await queue.get()
+            if isinstance(update, Exception):
+                raise update
+            if update.finish_reason is not None:
+                left -= 1
+            yield i, update
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def run_to_end(state: ServerState, seqs) -> str | None:
+    """Run the sequences to their end; the engine's error if it died meanwhile."""
+    try:
+        async for _ in run(state, seqs):  # the text comes from output_text at the end
+            pass
+    except EngineDeadError as exc:
+        return str(exc)
+    return None
+
+
+async def unless_disconnected(request: Request, work):
+    """Run a non-streamed request; a client that leaves before the answer
+    aborts it (its sequences are aborted when the work is cancelled)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            return Response(status_code=499)
+
+
+# ---- streaming ---------------------------------------------------------------
+
+
+class StreamedText:
+    """One choice's text as tokens arrive: hands out only what can no longer
+    change (not a partial UTF-8 character, not the start of a stop string).
+    Decoded incrementally by the tokenizer's own DecodeStream, as upstream's
+    detokenizer does: each token decodes a window of the last few tokens in
+    Rust, not the whole output again."""
+
+    def __init__(self, tokenizer, seq):
+        from tokenizers.decoders import DecodeStream
+
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""           # the stable text decoded so far
+        self.stream = DecodeStream(skip_special_tokens=True)  # as Tokenizer.decode
+        self.sent = 0
+        self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
+
+    def add(self, update) -> str:
+        self.ids += update.new_token_ids
+        if update.finish_reason is not None:
+            text = update.text if update.text is not None else self.tokenizer.decode(self.ids)
+            end = len(text)
+        else:
+            for i in update.new_token_ids:
+                piece = self.stream.step(self.tokenizer, i)
+                if piece:
+                    self.text += piece
+            text = self.text
+            end = len(text) - self.hold
+        delta = text[self.sent:end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return delta
+
+
+class Chunks:
+    """The chunks of one streamed answer: each carries the answer's id, object
+    type, creation time and model name."""
+
+    def __init__(self, prefix: str, obj: str, model: str):
+        self.head = {"id": f"{prefix}-{secrets.token_hex(16)}", "object": obj,
+                     "created": int(time.time()), "model": model}
+
+    def __call__(self, choices: list, usage: dict | None = None) -> dict:
+        out = {**self.head, "choices": choices}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+
+def full_answer(prefix: str, obj: str, model: str, choices: list, seqs) -> dict:
+    return {**Chunks(prefix, obj, model)(choices), "usage": usage(seqs)}
+
+
+def sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
+    async def body():
+        try:
+            async for chunk in chunks:
+                yield b"data: %s\n\n" % json.dumps(chunk, separators=(",", ":")).encode()
+        except EngineDeadError as exc:
+            yield f"data: {json.dumps(error_body(500, str(exc)))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

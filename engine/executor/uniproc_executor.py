@@ -1,0 +1,46 @@
+"""Runs the model in this process, as upstream's UniProcExecutor: builds the
+model for the checkpoint's architecture, loads its weights, lays its linear
+layers out for this CPU, pins the threads, and runs scheduled batches."""
+from __future__ import annotations
+
+import logging
+
+from engine import envs
+from engine.core.kv_cache_manager import BlockManager
+from engine.core.sequence import Sequence
+from engine.engine_args import EngineConfig
+from engine.model_executor.layers.linear import log_cpu_linear_choice
+from engine.model_executor.model_loader import load_weights
+from engine.model_executor.models.registry import model_class
+from engine.platforms import ZenCpuPlatform
+from engine.platforms import current as current_platform
+from engine.platforms import cpu_binding, cpu_preload
+from engine.platforms.cpu_features import PLAIN
+from engine.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("engine")
+
+
+class UniProcExecutor:
+    def __init__(self, config: EngineConfig, blocks: BlockManager):
+        platform = current_platform()
+        if platform.device_type == "cpu":
+            cpu_preload.warn_if_not_preloaded()
+            if config.bind_threads:
+                cpu_binding.apply(cpu_binding.plan())
+        device = platform.device()
+        self.model = model_class(config.model.model_type)(config.model, config.dtype).to(device)
+        load_weights(self.model, config.path)
+        self.model.eval()
+        self.linear_mode = PLAIN
+        if platform.device_type == "cpu":
+            if isinstance(platform, ZenCpuPlatform) and not envs.zentorch_weight_prepack():
+                logger.info("linear layers: plain (VLLM_ZENTORCH_WEIGHT_PREPACK=0)")
+            else:
+                self.linear_mode = log_cpu_linear_choice(config.dtype).mode
+            self.model.prepare_linear(self.linear_mode)
+        self.runner = ModelRunner(self.model, blocks, config.dtype, device)
+
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        """One token per sequence, sampled from the batch's logits."""
+        return self.runner.run(seqs, is_prefill)

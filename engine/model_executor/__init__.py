@@ -1,0 +1,1 @@
+"""Models, their layers and the loader that fills them from a checkpoint."""

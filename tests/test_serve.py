@@ -143,7 +143,7 @@ def test_completion_equals_offline_greedy(server, offline):
     assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == [w.text for w in want]
     assert all(c.finish_reason == "length" for c in got.choices)
     assert got.usage.completion_tokens == 3 * 24
-    assert got.usage.prompt_tokens == sum(len(offline.tokenizer.encode(p).ids) for p in PROMPTS[:3])
+    assert got.usage.prompt_tokens == sum(len(offline.get_tokenizer().encode(p).ids) for p in PROMPTS[:3])
 
 
 def test_completion_stream_equals_offline_greedy(server, offline):

@@ -29,15 +29,11 @@ from packaging.tags import sys_tags
 from tools import gitutil
 from tools.errors import UserError
 from tools.precompiled.fetch import get_bytes, local_path
-from tools.requirements import REPO_ROOT
 from tools.target import detect
 from tools.variants import get_variant
 from wheel_index.documents import check_sha256, parse_metadata_json
-from wheel_index.layout import COMMIT_RE
-from wheel_index.variants_level import VARIANTS
+from wheel_index.layout import COMMIT_RE, DEFAULT_WHEEL_INDEX, VARIANTS_LEVEL
 
-#: The folder index ci/ publishes into: the whole loop works on one machine.
-DEFAULT_WHEEL_INDEX = REPO_ROOT / "index"
 FALLBACK_DEPTH = 20
 
 
@@ -110,10 +106,10 @@ def parse_location(location: str) -> tuple[str, str | None]:
 
 def variants_level_metadata(index: str) -> dict | None:
     """The metadata.json of the variants level `index` names, else None."""
-    if posixpath.basename(index.rstrip("/")) != VARIANTS:
+    if posixpath.basename(index.rstrip("/")) != VARIANTS_LEVEL:
         return None
-    meta = _metadata(index.rstrip("/").rsplit("/", 1)[0], VARIANTS)
-    return meta if meta is not None and meta.get("level") == VARIANTS else None
+    meta = _metadata(index.rstrip("/").rsplit("/", 1)[0], VARIANTS_LEVEL)
+    return meta if meta is not None and meta.get("level") == VARIANTS_LEVEL else None
 
 
 def pick_wheel(meta: dict, variant: str, index: str, level: str,

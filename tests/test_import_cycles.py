@@ -103,9 +103,8 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
-def a_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
-    """The shortest circle through the component's first module, as a path back to it."""
-    start, inside = component[0], set(component)
+def shortest_cycle(graph: dict[str, set[str]], start: str, inside: set[str]) -> list[str]:
+    """The shortest circle from start back to it through the component's modules."""
     came_from, queue = {start: None}, deque([start])
     while queue:
         node = queue.popleft()
@@ -114,17 +113,29 @@ def a_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
                 path = [node]
                 while came_from[path[-1]] is not None:
                     path.append(came_from[path[-1]])
-                return [start] + path[::-1][1:] + [start]
+                return path[::-1] + [start]
             if child not in came_from:
                 came_from[child] = node
                 queue.append(child)
-    raise AssertionError(f"{component} is not a strongly connected component")
+    raise AssertionError(f"{start} is in no circle of {sorted(inside)}")
+
+
+def cycles(graph: dict[str, set[str]], component: list[str]) -> list[list[str]]:
+    """The shortest circle through each module of a component, each once: every
+    edge a fix must cut shows up, without listing every path of a tangle."""
+    found = set()
+    for start in component:
+        ring = shortest_cycle(graph, start, set(component))[:-1]
+        at = ring.index(min(ring))  # one spelling per circle, from its first module
+        found.add(tuple(ring[at:] + ring[:at]))
+    return [list(c) + [c[0]] for c in sorted(found)]
 
 
 def cycles_touching(package: str, root: Path = REPO) -> list[str]:
     graph = import_graph(root)
-    return [" -> ".join(a_cycle(graph, comp)) for comp in strongly_connected(graph)
-            if any(m == package or m.startswith(package + ".") for m in comp)]
+    return [" -> ".join(c) for comp in strongly_connected(graph)
+            if any(m == package or m.startswith(package + ".") for m in comp)
+            for c in cycles(graph, comp)]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -144,6 +155,7 @@ def test_the_check_sees_deferred_relative_and_submodule_imports(tmp_path):
     (pkg / "d.py").write_text("import tools.a\n")                         # into, not part of, it
     graph = import_graph(tmp_path, ("tools",))
     assert strongly_connected(graph) == [["tools.a", "tools.sub.b", "tools.sub.c"]]
-    assert cycles_touching("tools", tmp_path) == ["tools.a -> tools.sub.b -> tools.sub.c -> tools.a"]
+    assert cycles_touching("tools", tmp_path) == [
+        "tools.a -> tools.sub.b -> tools.sub.c -> tools.a"]
     (pkg / "sub" / "c.py").write_text("x = 1\n")
     assert cycles_touching("tools", tmp_path) == []

@@ -41,9 +41,10 @@ SIMPLE_JSON_CT = "application/vnd.pypi.simple.v1+json"
 HTML_CT = "text/html; charset=utf-8"
 
 
-def level_dir(commit: str, variant: str) -> str:
-    """The folder a commit's wheels of one variant are stored in."""
-    return f"{commit}/{variant}"
+def level_dir(commit: str, level: str) -> str:
+    """The folder a commit's wheels of one level are stored in: a variant's,
+    or the variant wheels of VARIANTS_LEVEL."""
+    return f"{commit}/{level}"
 
 
 def project_dir(view_dir: str) -> str:

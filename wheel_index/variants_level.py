@@ -34,8 +34,8 @@ from tools.errors import UserError
 from tools.hashing import sha256_file
 from wheel_index import pages
 from wheel_index.layout import (ENTRY_SUFFIX, METADATA_SUFFIX, PROJECT, VARIANTS_LEVEL, href,
-                                project_dir, url_path)
-from wheel_index.levels import Pages
+                                level_dir, project_dir, url_path)
+from wheel_index.levels import Pages, entry_key
 from wheel_index.variant_wheels import (
     base_version,
     encode,
@@ -47,12 +47,13 @@ from wheel_index.variant_wheels import (
 from wheel_index.wheels import InspectedWheel, WheelEntry
 
 
-def level_dir(commit: str) -> str:
-    return f"{commit}/{VARIANTS_LEVEL}"
+def _project(commit: str) -> str:
+    """Where a commit's variant wheels and variants.json files are stored."""
+    return project_dir(level_dir(commit, VARIANTS_LEVEL))
 
 
 def _file_key(e: WheelEntry) -> str:
-    return f"{project_dir(level_dir(e.commit))}/{e.filename}"
+    return f"{_project(e.commit)}/{e.filename}"
 
 
 @dataclass
@@ -72,7 +73,7 @@ def _docs(commit: str, entries: list[WheelEntry]) -> list[_Doc]:
     for e in entries:
         labels[e.version].add(e.variant)
     return [_Doc(v, encode(metadata_doc(ls)),
-                 f"{project_dir(level_dir(commit))}/{variants_json_name(v)}")
+                 f"{_project(commit)}/{variants_json_name(v)}")
             for v, ls in sorted(labels.items(), key=lambda kv: Version(kv[0]))]
 
 
@@ -148,9 +149,9 @@ def prepare(storage, commit: str, wheels: list[InspectedWheel], force: bool, log
                 continue
             path = make_variant_wheel(w, Path(tmp.name))
             sha = sha256_file(path)
-            old = storage.read(f"{project_dir(level_dir(commit))}/{path.name}{ENTRY_SUFFIX}")
+            old = storage.read(entry_key(commit, VARIANTS_LEVEL, path.name))
             if old is not None and WheelEntry.from_json(old).sha256 != sha and not force:
-                raise UserError(f"{project_dir(level_dir(commit))}/{path.name} is already "
+                raise UserError(f"{_project(commit)}/{path.name} is already "
                                 "published with different bytes; a published wheel never "
                                 "changes. Use --force to replace it.")
             made.append((w, path, sha))
@@ -162,7 +163,7 @@ def prepare(storage, commit: str, wheels: list[InspectedWheel], force: bool, log
 
 def _store(storage, w: InspectedWheel, path: Path, sha: str, commit: str, when: int,
            log, result) -> None:
-    proj = project_dir(level_dir(commit))
+    proj = _project(commit)
     key = f"{proj}/{path.name}"
     old = storage.read(key + ENTRY_SUFFIX)
     if old is not None and WheelEntry.from_json(old).sha256 == sha:

@@ -50,5 +50,5 @@ torch_source() {
 
 # The embedded default folder index (the one precompiled mode reads by default).
 default_index() {
-  (cd "$REPO" && "$PYTHON" -c "from tools.precompiled.select import DEFAULT_WHEEL_INDEX; print(DEFAULT_WHEEL_INDEX)")
+  (cd "$REPO" && "$PYTHON" -c "from wheel_index.layout import DEFAULT_WHEEL_INDEX; print(DEFAULT_WHEEL_INDEX)")
 }

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from tools import target
+from tools import accelerator, target
+from tools.accelerator import Machine, probe
 from tools.errors import UserError
-from tools.target import Machine, choose, probe
+from tools.target import choose
 
 REPO = Path(__file__).resolve().parent.parent
 V = Version
@@ -132,7 +133,7 @@ def test_broken_nvidia_smi_is_a_reason_not_a_crash(tmp_path):
 
 
 def test_hung_nvidia_smi_times_out(tmp_path, monkeypatch):
-    monkeypatch.setattr(target, "HELPER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(accelerator, "HELPER_TIMEOUT_S", 0.5)
     which = fake_bin(tmp_path, "nvidia-smi", "sleep 30")
     m = probe(tmp_path / "root", which=which, env={})
     assert any("did not answer" in n for n in m.notes)
@@ -238,7 +239,7 @@ def test_torch_versions_are_read_without_importing_torch(tmp_path, monkeypatch, 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: spec if name == "torch" else real(name, *a))
-    assert target._torch_versions() == expected
+    assert accelerator._torch_versions() == expected
 
 
 def test_unreadable_torch_version_is_a_reason(tmp_path, monkeypatch):
@@ -248,5 +249,5 @@ def test_unreadable_torch_version_is_a_reason(tmp_path, monkeypatch):
     spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path / "torch")]  # no version.py
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
-    cuda, hip, problem = target._torch_versions()
+    cuda, hip, problem = accelerator._torch_versions()
     assert cuda is None and hip is None and "cannot be read" in problem

@@ -31,9 +31,9 @@ from tools.precompiled.fetch import fetch, get_bytes
 from tools.precompiled.select import index_url, pick_wheel
 from tools.target import detect
 from tools.variants import get_variant
-from wheel_index.variant_wheels import UV_PREVIEW, is_variant_wheel
-from wheel_index.variants_level import VARIANTS
 from wheel_index.documents import parse_metadata_json
+from wheel_index.layout import VARIANTS_LEVEL
+from wheel_index.variant_wheels import UV_PREVIEW, is_variant_wheel
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
@@ -86,7 +86,7 @@ class Installer:
     def wheel(self, commit: str) -> tuple[str, str] | None:
         """(URL, sha256) of the commit's wheel for this variant and machine."""
         # The per-variant level first, else the commit's variants level (variant wheels).
-        for level in (f"{commit}/{self.variant}", f"{commit}/{VARIANTS}"):
+        for level in (f"{commit}/{self.variant}", f"{commit}/{VARIANTS_LEVEL}"):
             data = get_bytes(f"{self.index}/{level}/metadata.json")
             if data is None:
                 continue

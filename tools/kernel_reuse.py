@@ -61,18 +61,18 @@ def check_publishable(wheel: Path, built_from: str, commit: str, root: Path) -> 
 def _candidates(root: Path, index: str, variant: str, local_sources: str):
     """(level, commit) pairs to try, newest first: main's first-parent history
     from HEAD whose compiled inputs match this checkout, then nightly."""
-    from tools.precompiled.select import _metadata
+    from tools.precompiled.select import read_level_metadata
 
     seen = set()
     if gitutil.is_repo(root):
         for older in gitutil.first_parents(root, "HEAD", SEARCH_DEPTH + 1):
             if fingerprint.sources_of_commit(root, older) != local_sources:
                 break  # older commits lie behind a compiled-input change
-            meta = _metadata(index, f"{older}/{variant}")
+            meta = read_level_metadata(index, f"{older}/{variant}")
             if meta is not None:
                 seen.add(older)
                 yield f"{older}/{variant}", meta
-    meta = _metadata(index, f"nightly/{variant}")
+    meta = read_level_metadata(index, f"nightly/{variant}")
     if meta is not None and meta.get("commit") not in seen:
         yield f"nightly/{variant}", meta
 

@@ -8,6 +8,8 @@
     nightly/<variant>/...  <version>/<variant>/...     views: pages that link to the commit's files
     <commit>/..., nightly/..., <version>/...           the same without <variant> for the
                                                        default (main CUDA) variant
+    <commit>/variants/..., nightly/variants/...      the PEP 825 variant wheels of every
+                                                       variant (wheel_index/variants_level.py)
 """
 from __future__ import annotations
 
@@ -15,8 +17,16 @@ import posixpath
 import re
 from urllib.parse import quote
 
+from tools.requirements import REPO_ROOT
+
 PROJECT = "vllm-engine"
 NIGHTLY = "nightly"
+#: The level of a commit's PEP 825 variant wheels, beside its per-variant levels
+#: (a folder name, not a variant: tools.variants.VARIANTS holds those).
+VARIANTS_LEVEL = "variants"
+#: The folder index ci/ publishes into and precompiled mode reads by default:
+#: the whole loop works on one machine.
+DEFAULT_WHEEL_INDEX = REPO_ROOT / "index"
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 ENTRY_SUFFIX = ".entry.json"
 METADATA_SUFFIX = ".metadata"
@@ -31,9 +41,10 @@ SIMPLE_JSON_CT = "application/vnd.pypi.simple.v1+json"
 HTML_CT = "text/html; charset=utf-8"
 
 
-def level_dir(commit: str, variant: str) -> str:
-    """The folder a commit's wheels of one variant are stored in."""
-    return f"{commit}/{variant}"
+def level_dir(commit: str, level: str) -> str:
+    """The folder a commit's wheels of one level are stored in: a variant's,
+    or the variant wheels of VARIANTS_LEVEL."""
+    return f"{commit}/{level}"
 
 
 def project_dir(view_dir: str) -> str:

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 from tools.errors import UserError
 from wheel_index.documents import parse_metadata_json
 from wheel_index.layout import COMMIT_RE, ENTRY_SUFFIX, METADATA_SUFFIX, PROJECT, project_dir
-from wheel_index.publish import entries_in
+from wheel_index.levels import entries_in
 from wheel_index.storage import Storage
 from wheel_index.wheels import WheelEntry
 

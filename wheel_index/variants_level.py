@@ -33,8 +33,9 @@ from packaging.version import Version
 from tools.errors import UserError
 from tools.hashing import sha256_file
 from wheel_index import pages
-from wheel_index.layout import (ENTRY_SUFFIX, METADATA_SUFFIX, NIGHTLY, PROJECT, href,
-                                project_dir, url_path)
+from wheel_index.layout import (ENTRY_SUFFIX, METADATA_SUFFIX, PROJECT, VARIANTS_LEVEL, href,
+                                level_dir, project_dir, url_path)
+from wheel_index.levels import Pages, entry_key
 from wheel_index.variant_wheels import (
     base_version,
     encode,
@@ -45,22 +46,14 @@ from wheel_index.variant_wheels import (
 )
 from wheel_index.wheels import InspectedWheel, WheelEntry
 
-VARIANTS = "variants"
-CONVERGE_ATTEMPTS = 8
 
-
-def level_dir(commit: str) -> str:
-    return f"{commit}/{VARIANTS}"
-
-
-def _entries(storage, commit: str) -> list[WheelEntry]:
-    from wheel_index.publish import entries_in  # publish imports this module
-
-    return entries_in(storage, commit, VARIANTS)
+def _project(commit: str) -> str:
+    """Where a commit's variant wheels and variants.json files are stored."""
+    return project_dir(level_dir(commit, VARIANTS_LEVEL))
 
 
 def _file_key(e: WheelEntry) -> str:
-    return f"{project_dir(level_dir(e.commit))}/{e.filename}"
+    return f"{_project(e.commit)}/{e.filename}"
 
 
 @dataclass
@@ -80,7 +73,7 @@ def _docs(commit: str, entries: list[WheelEntry]) -> list[_Doc]:
     for e in entries:
         labels[e.version].add(e.variant)
     return [_Doc(v, encode(metadata_doc(ls)),
-                 f"{project_dir(level_dir(commit))}/{variants_json_name(v)}")
+                 f"{_project(commit)}/{variants_json_name(v)}")
             for v, ls in sorted(labels.items(), key=lambda kv: Version(kv[0]))]
 
 
@@ -114,43 +107,23 @@ def level_metadata(entries: list[WheelEntry], view_dir: str, pointer: dict) -> b
         "platform_tag": e.platform_tag, "sha256": e.sha256, "size": e.size, "commit": e.commit,
         "path": url_path(posixpath.relpath(_file_key(e), view_dir)),
     } for e in entries]
-    return json.dumps({**pointer, "level": VARIANTS, "wheels": wheels}, indent=1,
+    return json.dumps({**pointer, "level": VARIANTS_LEVEL, "wheels": wheels}, indent=1,
                       sort_keys=True).encode()
 
 
-def _write_if_changed(storage, key: str, data: bytes, written: list[str]) -> None:
-    if storage.read(key) != data:
-        storage.write_atomic(key, data)
-        written.append(key)
+@dataclass(frozen=True)
+class VariantsLevel:
+    commit: str
+    name = VARIANTS_LEVEL
+    default = False  # never the top-level view: that is the main CUDA variant's
+    what = "variant wheels"
 
-
-def render(storage, view_dir: str, commit: str, pointer: dict, written: list[str],
-           keep=lambda e: True) -> None:
-    """Write variants.json files, then the view's pages, from the stored entries;
-    again until what was rendered is what is stored."""
-    entries = [e for e in _entries(storage, commit) if keep(e)]
-    for _ in range(CONVERGE_ATTEMPTS):
-        docs = _docs(commit, entries)
-        for d in docs:
-            _write_if_changed(storage, d.key, d.data, written)
-        proj = project_dir(view_dir)
-        page = project_html(entries, docs, view_dir)
-        _write_if_changed(storage, f"{proj}/index.html", page, written)
-        _write_if_changed(storage, f"{proj}/index.json", project_json(entries, docs, view_dir),
-                          written)
-        _write_if_changed(storage, f"{view_dir}/index.html", pages.root_html(), written)
-        _write_if_changed(storage, f"{view_dir}/index.json", pages.root_json(), written)
-        if storage.dir_keys:
-            _write_if_changed(storage, f"{proj}/", page, written)
-            _write_if_changed(storage, f"{view_dir}/", pages.root_html(), written)
-        _write_if_changed(storage, f"{view_dir}/metadata.json",
-                          level_metadata(entries, view_dir, pointer), written)
-        now = [e for e in _entries(storage, commit) if keep(e)]
-        if now == entries:
-            return
-        entries = now
-    raise UserError(f"{view_dir}: the stored variant wheels kept changing while its pages were "
-                    "written; run the publish again")
+    def pages(self, entries: list[WheelEntry], view_dir: str, pointer: dict) -> Pages:
+        """The variants.json files go first: the pages carry their hashes."""
+        docs = _docs(self.commit, entries)
+        return Pages(project_html(entries, docs, view_dir), project_json(entries, docs, view_dir),
+                     level_metadata(entries, view_dir, pointer),
+                     tuple((d.key, d.data) for d in docs))
 
 
 @dataclass
@@ -176,9 +149,9 @@ def prepare(storage, commit: str, wheels: list[InspectedWheel], force: bool, log
                 continue
             path = make_variant_wheel(w, Path(tmp.name))
             sha = sha256_file(path)
-            old = storage.read(f"{project_dir(level_dir(commit))}/{path.name}{ENTRY_SUFFIX}")
+            old = storage.read(entry_key(commit, VARIANTS_LEVEL, path.name))
             if old is not None and WheelEntry.from_json(old).sha256 != sha and not force:
-                raise UserError(f"{project_dir(level_dir(commit))}/{path.name} is already "
+                raise UserError(f"{_project(commit)}/{path.name} is already "
                                 "published with different bytes; a published wheel never "
                                 "changes. Use --force to replace it.")
             made.append((w, path, sha))
@@ -190,7 +163,7 @@ def prepare(storage, commit: str, wheels: list[InspectedWheel], force: bool, log
 
 def _store(storage, w: InspectedWheel, path: Path, sha: str, commit: str, when: int,
            log, result) -> None:
-    proj = project_dir(level_dir(commit))
+    proj = _project(commit)
     key = f"{proj}/{path.name}"
     old = storage.read(key + ENTRY_SUFFIX)
     if old is not None and WheelEntry.from_json(old).sha256 == sha:
@@ -214,31 +187,12 @@ def _store(storage, w: InspectedWheel, path: Path, sha: str, commit: str, when: 
     result.stored.append(path.name)
 
 
-def publish(storage, prepared: Prepared, when: int, *, nightly: bool, release_version: str | None,
-            allow_rewind: bool, log, result) -> None:
-    """Store the prepared variant wheels, then write the commit's variants level
-    and, when asked, nightly/variants and <version>/variants."""
-    from wheel_index.publish import _nightly_may_move
-
-    commit = prepared.commit
+def store(storage, prepared: Prepared, when: int, log, result) -> bool:
+    """Store the prepared variant wheels; False when there were none to make
+    (then the commit has no variants level to show)."""
     try:
-        if not prepared.made:
-            return
         for w, path, sha in prepared.made:
-            _store(storage, w, path, sha, commit, when, log, result)
+            _store(storage, w, path, sha, prepared.commit, when, log, result)
     finally:
         prepared.close()
-    pointer = {"project": PROJECT, "commit": commit, "commit_time": when, "variant": VARIANTS}
-    view = level_dir(commit)
-    render(storage, view, commit, {**pointer, "view": view}, result.pages_written)
-    if nightly:
-        view = f"{NIGHTLY}/{VARIANTS}"
-        moved = _nightly_may_move(storage, view, commit, when, allow_rewind, log)
-        result.nightly_moved[VARIANTS] = moved
-        if moved:
-            render(storage, view, commit, {**pointer, "view": view}, result.pages_written)
-    if release_version:
-        view = f"{release_version}/{VARIANTS}"
-        render(storage, view, commit, {**pointer, "view": view, "release": release_version},
-               result.pages_written,
-               keep=lambda e: Version(e.version).public == release_version)
+    return bool(prepared.made)

@@ -29,15 +29,11 @@ from packaging.tags import sys_tags
 from tools import gitutil
 from tools.errors import UserError
 from tools.precompiled.fetch import get_bytes, local_path
-from tools.requirements import REPO_ROOT
 from tools.target import detect
 from tools.variants import get_variant
 from wheel_index.documents import check_sha256, parse_metadata_json
-from wheel_index.layout import COMMIT_RE
-from wheel_index.variants_level import VARIANTS
+from wheel_index.layout import COMMIT_RE, DEFAULT_WHEEL_INDEX, VARIANTS_LEVEL
 
-#: The folder index ci/ publishes into: the whole loop works on one machine.
-DEFAULT_WHEEL_INDEX = REPO_ROOT / "index"
 FALLBACK_DEPTH = 20
 
 
@@ -90,7 +86,8 @@ def _variant(env: Mapping[str, str], log) -> str:
     return target.variant.label
 
 
-def _metadata(index: str, level: str) -> dict | None:
+def read_level_metadata(index: str, level: str) -> dict | None:
+    """<index>/<level>/metadata.json, checked; None when the level is not there."""
     data = get_bytes(f"{index}/{level}/metadata.json")
     if data is None:
         return None
@@ -110,10 +107,10 @@ def parse_location(location: str) -> tuple[str, str | None]:
 
 def variants_level_metadata(index: str) -> dict | None:
     """The metadata.json of the variants level `index` names, else None."""
-    if posixpath.basename(index.rstrip("/")) != VARIANTS:
+    if posixpath.basename(index.rstrip("/")) != VARIANTS_LEVEL:
         return None
-    meta = _metadata(index.rstrip("/").rsplit("/", 1)[0], VARIANTS)
-    return meta if meta is not None and meta.get("level") == VARIANTS else None
+    meta = read_level_metadata(index.rstrip("/").rsplit("/", 1)[0], VARIANTS_LEVEL)
+    return meta if meta is not None and meta.get("level") == VARIANTS_LEVEL else None
 
 
 def pick_wheel(meta: dict, variant: str, index: str, level: str,
@@ -200,7 +197,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
         root = index.rstrip("/").rsplit("/", 2)[0]
         return _finish(level_meta, variant, index, "", commit, None, root)
     if asked == "nightly":
-        meta = _metadata(index, f"nightly/{variant}")
+        meta = read_level_metadata(index, f"nightly/{variant}")
         if meta is None:
             raise UserError(f"the index {index} has no nightly {variant} wheel (no nightly/"
                             f"{variant}/metadata.json); publish one, choose a commit with "
@@ -236,7 +233,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
             else:
                 raise UserError(msg)
 
-    meta = _metadata(index, f"{base}/{variant}")
+    meta = read_level_metadata(index, f"{base}/{variant}")
     if meta is not None:
         return _finish(meta, variant, index, f"{base}/{variant}", base, None)
     if asked or not in_git:
@@ -244,7 +241,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
     # The base commit's wheel is not built yet: an older main commit whose
     # kernels are made from identical inputs is just as good.
     for older in gitutil.first_parents(root, base, FALLBACK_DEPTH + 1)[1:]:
-        meta = _metadata(index, f"{older}/{variant}")
+        meta = read_level_metadata(index, f"{older}/{variant}")
         if meta is None:
             continue
         if gitutil.compiled_inputs_differ(root, older, base):

@@ -219,7 +219,8 @@ Written by the benchmarks, never by hand: `python benchmarks/<name>.py --record`
 that benchmark's rows measured on the same machine and keeps every other machine's. Each
 row names its machine (CPU model from `/proc/cpuinfo`, the CPU code path the kernels use,
 CPU count) and the day it was measured. Each ratio is against a baseline measured in the
-same run; `--check` turns a missed target into exit 1.
+same run; `--check` turns a missed target into exit 1. A benchmark that has not been run
+with `--record` yet has no section; the file fills as they run.
 """
 
 

@@ -259,16 +259,12 @@ def kernel_isa() -> str:
     requested = os.environ.get("VLLM_CPU_ISA", "auto")
     if requested != "auto":
         return requested
-    import importlib
-
-    for name in ("engine.platforms.cpu_features", "engine.cpu_features"):
-        try:
-            features = importlib.import_module(name).current()
-        except ImportError:
-            continue
-        usable = features.usable_isas()
-        return usable[0] if usable else "generic"
-    return "unknown"
+    try:
+        from engine.platforms.cpu_features import current
+    except ImportError:
+        return "unknown"
+    usable = current().usable_isas()
+    return usable[0] if usable else "generic"
 
 
 def machine() -> str:

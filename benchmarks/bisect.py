@@ -129,7 +129,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as t:
         step_time(Path(t), targets)
         steps_per_range(Path(t), targets)
-    return targets.finish(args.check)
+    return targets.finish(args.check, record_as="bisect" if args.record else None)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.common import add_record_argument, record
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 0.25
 
@@ -116,7 +118,8 @@ def precompiled_record(wheel: Path) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help=f"exit 1 when the Python-only commit "
-                    f"takes more than {TARGET_RATIO:.0%} of the kernel commit's time")
+                    f"takes more than {TARGET_RATIO:.0%}% of the kernel commit's time")
+    add_record_argument(ap)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ci-bench-") as tmp:
         r = measure(Path(tmp))
@@ -126,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Python-only commit  {r.python_commit[:12]}  {r.python_only.seconds:8.1f} s  "
               f"(kernels from {reused['commit'] or reused['source'] if reused else 'a compile!'})")
         print(f"ratio Python-only / kernel: {r.ratio:.3f} (target <= {TARGET_RATIO})")
+    if args.record:
+        record("ci", [("CI job, Python-only commit vs kernel commit (cpu)",
+                       f"{r.ratio:.2f}x ({r.python_only.seconds:.1f} s vs {r.kernel.seconds:.1f} s;"
+                       f" kernels {'reused' if reused else 'compiled'})",
+                       f"<= {TARGET_RATIO} {'met' if r.ratio <= TARGET_RATIO and reused else 'missed'}")])
     if args.check:
         missed = []
         if reused is None:

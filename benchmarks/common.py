@@ -94,9 +94,19 @@ class Targets:
             lines.append(f"{name:<{width}} {self._fmt(value, unit):>10} {goal:>12}  {ok}")
         return "\n".join(lines)
 
-    def finish(self, check: bool) -> int:
-        """Print the table; with check, exit 1 naming every missed target. Returns 0."""
+    def result_rows(self) -> list[tuple[str, str, str]]:
+        """(measure, result, target) per row, for record()."""
+        return [(name, self._fmt(value, unit),
+                 f"{'>=' if hib else '<='} {self._fmt(target, unit)}"
+                 f" {'met' if self._ok(value, target, hib) else 'missed'}")
+                for name, value, target, hib, unit in self.rows]
+
+    def finish(self, check: bool, record_as: str | None = None) -> int:
+        """Print the table; with record_as, write it to RESULTS.md under that benchmark's
+        name (record()); with check, exit 1 naming every missed target. Returns 0."""
         print(self.table())
+        if record_as:
+            record(record_as, self.result_rows())
         missed = self.missed()
         if check and missed:
             raise SystemExit("missed target(s): " + "; ".join(missed))
@@ -104,9 +114,10 @@ class Targets:
 
 
 def add_check_argument(parser) -> None:
-    """The `--check` flag every benchmark takes (argparse)."""
+    """The `--check` and `--record` flags every benchmark takes (argparse)."""
     parser.add_argument("--check", action="store_true",
                         help="exit 1 naming each missed target (for CI)")
+    add_record_argument(parser)
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -196,3 +207,142 @@ class Worker:
         if self.rss is not None:
             self.rss.stop()
         self.log.close()
+
+
+# --- benchmarks/RESULTS.md: the one file measured figures live in ----------
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+_COLUMNS = ("measure", "result", "target", "machine", "date")
+_PREAMBLE = """# Benchmark results
+
+Written by the benchmarks, never by hand: `python benchmarks/<name>.py --record` replaces
+that benchmark's rows measured on the same machine and keeps every other machine's. Each
+row names its machine (CPU model from `/proc/cpuinfo`, the CPU code path the kernels use,
+CPU count) and the day it was measured. Each ratio is against a baseline measured in the
+same run; `--check` turns a missed target into exit 1. A benchmark that has not been run
+with `--record` yet has no section; the file fills as they run.
+"""
+
+
+def add_record_argument(parser) -> None:
+    """The `--record` flag every benchmark takes (argparse); off by default, so test runs
+    never rewrite RESULTS.md."""
+    parser.add_argument("--record", action="store_true",
+                        help="write this run's figures into benchmarks/RESULTS.md")
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The processor's model name ("model name" on x86; else the architecture)."""
+    import platform
+
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def kernel_isa() -> str:
+    """The CPU code path the kernels use: the one loaded in this process when the
+    benchmark imported engine.ops, else what VLLM_CPU_ISA or `auto` picks on this CPU."""
+    ops = sys.modules.get("engine.ops")
+    if ops is not None:
+        try:
+            isa = ops.cpu_isa()
+            if isa:
+                return isa
+        except Exception:  # no CPU kernels in this build: fall back to the probe
+            pass
+    requested = os.environ.get("VLLM_CPU_ISA", "auto")
+    if requested != "auto":
+        return requested
+    try:
+        from engine.platforms.cpu_features import current
+    except ImportError:
+        return "unknown"
+    usable = current().usable_isas()
+    return usable[0] if usable else "generic"
+
+
+def machine() -> str:
+    """One line naming this machine: CPU model, kernel code path, CPU count."""
+    return f"{cpu_model()} ({kernel_isa()}, {os.cpu_count()} CPUs)"
+
+
+def _cell(text: object) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _cells(line: str) -> list[str]:
+    import re
+
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def _parse(text: str) -> tuple[str, dict[str, list[list[str]]]]:
+    """RESULTS.md as (preamble, {benchmark: rows}); rows are lists of escaped cells."""
+    preamble, sections, current = [], {}, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+        elif current is None:
+            preamble.append(line)
+        elif line.startswith("|") and not line.startswith("|---"):
+            cells = _cells(line)
+            if len(cells) == len(_COLUMNS) and cells != list(_COLUMNS):
+                current.append(cells)
+    return "\n".join(preamble).strip() + "\n", sections
+
+
+def _render(preamble: str, sections: dict[str, list[list[str]]]) -> str:
+    out = [preamble]
+    for name, rows in sections.items():
+        out += [f"## {name}", "", "| " + " | ".join(_COLUMNS) + " |",
+                "|" + "---|" * len(_COLUMNS)]
+        out += ["| " + " | ".join(row) + " |" for row in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def record(benchmark: str, rows, *, path: Path | None = None, machine_name: str | None = None,
+           day: str | None = None) -> Path:
+    """Upsert `benchmark`'s rows, each (measure, result, target), into RESULTS.md: a row
+    with the same measure and machine is replaced, every other row kept. The file is
+    rewritten whole through a temporary file and os.replace, under a lock on its folder,
+    so a reader never sees half of it and two benchmarks recording at once lose nothing."""
+    import datetime
+    import fcntl
+    import tempfile
+
+    path = Path(path or RESULTS)
+    where = _cell(machine_name or machine())
+    day = day or datetime.date.today().isoformat()
+    new = [[_cell(measure), _cell(result), _cell(target), where, day]
+           for measure, result, target in rows]
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        preamble, sections = (_parse(path.read_text()) if path.exists()
+                              else (_PREAMBLE, {}))
+        replaced = {(r[0], r[3]) for r in new}
+        kept = [r for r in sections.get(benchmark, []) if (r[0], r[3]) not in replaced]
+        merged = kept + new
+        # a machine's rows together, in the order they were measured
+        machines = list(dict.fromkeys(r[3] for r in merged))
+        sections[benchmark] = sorted(merged, key=lambda r: machines.index(r[3]))
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".RESULTS.", suffix=".tmp")
+        try:
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(_render(preamble, sections))
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    finally:
+        os.close(folder)
+    print(f"recorded {len(new)} row(s) under '{benchmark}' in {path}")
+    return path

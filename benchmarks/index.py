@@ -148,7 +148,7 @@ def main() -> int:
             finally:
                 moto.close()
         bench_dry_run(tmp, targets)
-    return targets.finish(args.check)
+    return targets.finish(args.check, record_as="index" if args.record else None)
 
 
 if __name__ == "__main__":

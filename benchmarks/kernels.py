@@ -43,7 +43,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.common import fmt_time, median_time  # noqa: E402
+from benchmarks.common import add_record_argument, fmt_time, median_time, record  # noqa: E402
 from benchmarks.peer import peer_kernel_lib  # noqa: E402
 
 EAGER_TARGETS = {"rms_norm": 2.0, "fused_add_rms_norm": 2.0, "silu_and_mul": 1.2,
@@ -155,7 +155,9 @@ def eager_cases(dtype, quick=False):
             "reference": lambda: reference.reshape_and_cache(kn, kn, kc2, vc2, slots)}
 
 
-def run_eager(dtypes, misses: list[str], quick=False, emul=False) -> None:
+def run_eager(dtypes, misses: list[str], quick=False, emul=False, rows=None) -> None:
+    """Print each op against torch eager; (measure, result, target) rows go to `rows`."""
+    rows = [] if rows is None else rows
     print(f"{'op':<20} {'dtype':<9} {'kernel':>11}  {'fastest torch baseline':<24}"
           f"{'time':>11} {'speedup':>8} {'target':>7}")
     for dtype in dtypes:
@@ -173,6 +175,8 @@ def run_eager(dtypes, misses: list[str], quick=False, emul=False) -> None:
             print(f"{name:<20} {str(dtype)[6:]:<9} {fmt_time(t_ours):>11}  {label:<24}"
                   f"{fmt_time(t_ref):>11} {ratio:7.2f}x {('>=' + str(target)) if target else '-':>7} "
                   f"{verdict}")
+            rows.append((f"{name} {str(dtype)[6:]} vs torch eager ({label})", f"{ratio:.2f}x",
+                         f">= {target}x {verdict}" if target else verdict or "-"))
 
 
 # --- against the peer (one process per side: both libraries register _C) ----------
@@ -239,7 +243,8 @@ def run_worker(side, args, threads) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_peer(args, dtypes: list[str], misses: list[str]) -> None:
+def run_peer(args, dtypes: list[str], misses: list[str], rows=None) -> None:
+    rows = [] if rows is None else rows
     print(f"\nagainst the peer {os.path.basename(args.peer)} (fastest of 40 calls; "
           "ours/peer above 1 means we are faster)")
     print(f"{'op':<20} {'dtype':<9} {'thr':>3} {'ours':>11} {'GB/s':>6} {'peer':>11} {'GB/s':>6} "
@@ -262,6 +267,8 @@ def run_peer(args, dtypes: list[str], misses: list[str]) -> None:
                               f"{PEER_TARGET}x")
             print(f"{op:<20} {dname:<9} {threads:>3} {fmt_time(t_o):>11} {nbytes / t_o / 1e9:6.1f} "
                   f"{fmt_time(t_p):>11} {nbytes / t_p / 1e9:6.1f} {ratio:8.2f}x {verdict}")
+            rows.append((f"{op} {dname} {threads} thread(s) vs {os.path.basename(args.peer)}",
+                         f"{ratio:.2f}x", f">= {PEER_TARGET}x {verdict}"))
 
 
 def main() -> int:
@@ -277,6 +284,7 @@ def main() -> int:
     p.add_argument("--skip-eager", action="store_true", help="only the peer comparison")
     p.add_argument("--quick", action="store_true", help="small shapes (emulated runs)")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_record_argument(p)
     p.add_argument("--worker", choices=["ours", "peer"], help=argparse.SUPPRESS)
     args = p.parse_args()
     dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]
@@ -301,11 +309,15 @@ def main() -> int:
           f"threads={torch.get_num_threads()}"
           + ("  EMULATED (qemu): ratios say nothing about ARM speed; no targets" if emul else ""))
     misses: list[str] = []
+    rows: list[tuple[str, str, str]] = []
     if not args.skip_eager:
-        run_eager([DTYPES[d] for d in dtypes], misses, args.quick, emul)
+        run_eager([DTYPES[d] for d in dtypes], misses, args.quick, emul, rows)
     if args.peer:
-        run_peer(args, dtypes, misses)
+        run_peer(args, dtypes, misses, rows)
     print(f"\n{len(misses)} target(s) missed" + "".join(f"\n  MISS {m}" for m in misses))
+    if args.record:
+        record("kernels" + (" --quick" if args.quick else "") + (" (emulated)" if emul else ""),
+               rows)
     return 1 if args.check and misses else 0
 
 

@@ -109,7 +109,7 @@ def main() -> int:
     targets.record("precompiled, cold cache vs empty", c / e, 1.3, higher_is_better=False)
     targets.record("precompiled, warm cache vs empty", w / e, 1.1, higher_is_better=False)
     targets.record("source build vs precompiled (warm)", source / w, 10.0)
-    return targets.finish(args.check)
+    return targets.finish(args.check, record_as="precompiled" if args.record else None)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Worker
+from benchmarks.common import Worker, add_record_argument, record
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 from benchmarks.peer import peer_env, require_peer
 
@@ -209,6 +209,7 @@ def main() -> int:
     p.add_argument("--model-size", default="small", choices=sorted(MODEL_SIZES))
     p.add_argument("--peer", choices=["vllm"], default=None)
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_record_argument(p)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--prompt-words", type=int, default=32)
     p.add_argument("--stream-interval", default=None,
@@ -271,19 +272,27 @@ def report(a, base, served, startup, peer, peer_startup) -> int:
     if peer:
         head += f" {'vllm tok/s':>11} {'vs vllm':>8} {'vllm TTFT p50':>14} {'tok/event':>9}"
     print(head)
-    missed = []
+    missed, rows = [], []
     for c in CONCURRENCY:
         s = served[c]
         r = s["tok_s"] / base[c]
         line = (f"{c:>7} {base[c]:>14.1f} {s['tok_s']:>13.1f} {r:>10.2f}x "
                 f"{s['ttft_p50'] * 1e3:>7.0f}ms {s['ttft_p99'] * 1e3:>7.0f}ms "
                 f"{s['tok_per_event']:>9.2f}")
+        rows.append((f"{c} clients: served vs offline tok/s",
+                     f"{r:.2f}x ({s['tok_s']:.0f} vs {base[c]:.0f}; TTFT p50 "
+                     f"{s['ttft_p50'] * 1e3:.0f} ms; {s['tok_per_event']:.1f} tokens/event)",
+                     f">= {TARGET_VS_OFFLINE}x {'met' if r >= TARGET_VS_OFFLINE else 'missed'}"))
         if r < TARGET_VS_OFFLINE:
             missed.append(f"{c} clients: served/offline {r:.2f}x < {TARGET_VS_OFFLINE}x")
         if peer:
             q = s["tok_s"] / peer[c]["tok_s"]
             line += (f" {peer[c]['tok_s']:>11.1f} {q:>7.2f}x {peer[c]['ttft_p50'] * 1e3:>12.0f}ms"
                      f" {peer[c]['tok_per_event']:>9.2f}")
+            rows.append((f"{c} clients: served vs vllm serve tok/s",
+                         f"{q:.2f}x ({s['tok_s']:.0f} vs {peer[c]['tok_s']:.0f})",
+                         (f">= {TARGET_VS_PEER}x {'met' if q >= TARGET_VS_PEER else 'missed'}"
+                          if c in PEER_CHECKED_AT else "-")))
             if c in PEER_CHECKED_AT and q < TARGET_VS_PEER:
                 missed.append(f"{c} clients: served/vllm {q:.2f}x < {TARGET_VS_PEER}x")
         print(line)
@@ -291,6 +300,10 @@ def report(a, base, served, startup, peer, peer_startup) -> int:
           + (f"; >= {TARGET_VS_PEER}x vllm serve at {PEER_CHECKED_AT} clients" if peer else ""))
     for m in missed:
         print(f"MISSED: {m}")
+    if a.record:
+        rows.append(("start-up to /health", f"{startup:.1f} s"
+                     + (f" (vllm serve {peer_startup:.1f} s)" if peer else ""), "-"))
+        record(f"serve --model-size {a.model_size}", rows)
     return 1 if (a.check and missed) else 0
 
 

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urljoin
 
-from benchmarks.common import rss_mb
+from benchmarks.common import add_record_argument, record, rss_mb
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO / "tests"))
@@ -127,6 +127,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5, help="alternating page-rate rounds")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_record_argument(p)
     args = p.parse_args()
     misses = []
     with tempfile.TemporaryDirectory() as t:
@@ -183,6 +184,14 @@ def main() -> int:
                 proc.wait(timeout=30)
     for m in misses:
         print(f"MISS: {m}")
+    if args.record:
+        record("serve_index", [
+            (f"{args.clients} clients x {args.size_mb} MiB wheel: server peak RSS",
+             f"{peak:.0f} MB ({peak / idle:.2f}x idle), sha256 wrong {wrong}/{args.clients}",
+             f"< {RSS_TARGET_MB} MB {'met' if peak < RSS_TARGET_MB else 'missed'}"),
+            ("page requests/s vs python -m http.server, a connection each",
+             f"{ratio:.2f}x (keep-alive {keep / r_base:.2f}x)",
+             f">= 1x {'met' if ratio >= 1 else 'missed'}")])
     return 1 if args.check and misses else 0
 
 

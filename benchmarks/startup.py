@@ -66,7 +66,7 @@ def main() -> int:
         print(f"{name:<26} {t * 1e3:7.1f} ms  {t / base:5.2f}x")
         targets.record(f"{name} vs python -c pass", t / base, 5.0, higher_is_better=False)
     print()
-    return targets.finish(args.check)
+    return targets.finish(args.check, record_as="startup" if args.record else None)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets, Worker
+from benchmarks.common import Targets, Worker, add_record_argument
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, num_params, prompt_ids
 
 BATCHES = ((16, 2.0, 1.5), (1, 1.0, 1.0))  # (requests, target vs transformers, vs vllm)
@@ -163,6 +163,7 @@ def main() -> int:
                    help="timed runs per engine and batch, the engines taking turns; the "
                         "fastest counts")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_record_argument(p)
     a = p.parse_args()
     if a.child == "roofline":
         roofline_child(a.dtype)
@@ -216,7 +217,8 @@ def main() -> int:
         print(f"start-up: engine {e_side.startup:.1f} s, {a.peer} {h_side.startup:.1f} s; "
               f"peak RSS over the run: engine {e_side.rss.peak:.0f} MB, {a.peer} "
               f"{h_side.rss.peak:.0f} MB")
-    return targets.finish(a.check)
+    name = f"throughput --model-size {a.model_size} --dtype {a.dtype} --peer {a.peer}"
+    return targets.finish(a.check, record_as=name if a.record else None)
 
 
 if __name__ == "__main__":

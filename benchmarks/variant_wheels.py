@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO / "tests"))
 
+from benchmarks.common import add_record_argument, record  # noqa: E402
 from helpers import make_wheel  # noqa: E402
 from wheel_index.variant_wheels import make_variant_wheel  # noqa: E402
 from wheel_index.wheels import inspect_wheel  # noqa: E402
@@ -77,6 +78,7 @@ def main() -> int:
     p.add_argument("--mb", type=int, default=150)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
+    add_record_argument(p)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -94,6 +96,11 @@ def main() -> int:
     print(f"variant wheel of a {args.mb} MB extension: {conv:.2f} s; reading the wheel "
           f"{base:.2f} s; ratio {ratio:.2f}x (target <= {TARGET}x); recompressing "
           f"everything would take {naive:.2f} s ({naive / base:.1f}x)")
+    if args.record:
+        record("variant_wheels", [(
+            f"variant wheel of a {args.mb} MB extension vs reading the wheel",
+            f"{ratio:.2f}x ({conv:.2f} s vs {base:.2f} s; recompressing {naive / base:.1f}x)",
+            f"<= {TARGET}x {'met' if ratio <= TARGET else 'missed'}")])
     if args.check and ratio > TARGET:
         print(f"MISSED: variant wheel {ratio:.2f}x the read baseline (target <= {TARGET}x)")
         return 1

@@ -31,3 +31,43 @@ def test_miss_without_check_is_informative_only():
     t.record("speedup", 1.0, 2.0)
     assert t.finish(check=False) == 0
     assert t.missed() == ["speedup: 1x, target >= 2x"]
+
+
+def test_record_upserts_per_machine_and_keeps_the_rest(tmp_path):
+    from benchmarks.common import record
+
+    path = tmp_path / "RESULTS.md"
+    record("build", [("no-op rebuild", "1.9s", "<= 5s met")], path=path,
+           machine_name="CPU A (avx2, 2 CPUs)", day="2026-01-01")
+    record("index", [("publish | S3", "1.06x", "<= 1.5x met")], path=path,
+           machine_name="CPU A (avx2, 2 CPUs)", day="2026-01-01")
+    record("build", [("no-op rebuild", "2.5s", "<= 5s met")], path=path,
+           machine_name="CPU B (avx512, 4 CPUs)", day="2026-01-02")
+    record("build", [("no-op rebuild", "1.7s", "<= 5s met")], path=path,
+           machine_name="CPU A (avx2, 2 CPUs)", day="2026-01-03")
+    text = path.read_text()
+    assert text.startswith("# Benchmark results")
+    assert text.count("## build") == 1 and text.count("## index") == 1
+    assert "1.9s" not in text  # replaced: same measure, same machine
+    assert "| no-op rebuild | 1.7s | <= 5s met | CPU A (avx2, 2 CPUs) | 2026-01-03 |" in text
+    assert "| no-op rebuild | 2.5s | <= 5s met | CPU B (avx512, 4 CPUs) | 2026-01-02 |" in text
+    assert "publish \\| S3" in text  # a cell's | is escaped, and survives a rewrite
+    assert not list(tmp_path.glob(".RESULTS.*"))  # the temporary file is gone
+
+
+def test_targets_record_as_writes_the_table(tmp_path, monkeypatch, capsys):
+    import benchmarks.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "RESULTS.md")
+    t = Targets()
+    t.record("warm rebuild", 0.2, 0.3, higher_is_better=False)
+    assert t.finish(check=False, record_as="build") == 0
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| warm rebuild | 0.2x | <= 0.3x met | " in text and common.machine() in text
+
+
+def test_machine_names_cpu_model_isa_and_count():
+    from benchmarks.common import cpu_model, kernel_isa, machine
+
+    assert machine() == f"{cpu_model()} ({kernel_isa()}, {__import__('os').cpu_count()} CPUs)"
+    assert kernel_isa() != "unknown"

@@ -141,6 +141,12 @@ def _write_qc(path, qc):
         "input_activations": {"num_bits": 8, "type": "int", "symmetric": False,
                               "strategy": "token", "dynamic": True}}}},
      r"input_activations of 8-bit int, symmetric=False is not supported"),
+    ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
+                              "strategy": "tensor", "dynamic": False}}}},
+     r"input activations with strategy 'tensor', dynamic=False is not supported"),
 ])
 def test_unsupported_quantization_is_one_line(tmp_path, qc, match):
     _write_qc(tmp_path, qc)
@@ -169,3 +175,16 @@ def test_cli_quantize(ckpts, tmp_path, capsys):
     assert cli(["quantize", str(ckpts["float"]), str(dst)]) == 2  # not empty: refused
     assert "exists and is not empty" in capsys.readouterr().err
     assert cli(["quantize", str(dst), str(tmp_path / "q2")]) == 2  # quantized already
+
+
+def test_fused_layers_must_be_quantized_alike():
+    from engine.model_executor.layers.quantization.compressed_tensors import (
+        CompressedTensorsConfig)
+    from engine.model_executor.layers.quantization.rtn import quantization_config
+
+    names = tuple(f"model.layers.0.self_attn.{p}_proj" for p in "qkv")
+    cfg = CompressedTensorsConfig.parse(quantization_config((names[0],)), "ckpt")
+    with pytest.raises(ValueError, match="treats .* differently"):
+        cfg.method_for(names)
+    assert cfg.method_for(("model.layers.0.mlp.down_proj",)) is not None
+    assert cfg.method_for(("lm_head",)) is None

@@ -24,11 +24,12 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   if(NOT VLLM_CPU_DISABLE_AVX512)
     # avx512_bf16: the same kernels where the CPU also has AVX512_BF16 (Zen 4,
     # Cooper Lake, Sapphire Rapids): one instruction rounds two float vectors
-    # to bfloat16, and bfloat16 linear layers use its dot products.
+    # to bfloat16, and bfloat16 linear layers use its dot products. Those CPUs
+    # all have AVX512_VNNI too, which the int8 linear layers use.
     list(APPEND _isas avx512 avx512_bf16)
     set(_flags_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
                       -mprefer-vector-width=512)
-    set(_flags_avx512_bf16 ${_flags_avx512} -mavx512bf16)
+    set(_flags_avx512_bf16 ${_flags_avx512} -mavx512bf16 -mavx512vnni)
   endif()
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
   include(cmake/cpu_arm.cmake)

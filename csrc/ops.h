@@ -44,6 +44,10 @@ bool has_linear();
 bool has_linear_bf16_pairs();
 void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
             const std::optional<at::Tensor>& bias);
+bool has_int8_linear();
+void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
+                 const at::Tensor& weight_scale, const at::Tensor& weight_comp,
+                 const std::optional<at::Tensor>& input_scale);
 }  // namespace cpu
 #endif
 

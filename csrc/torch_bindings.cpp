@@ -31,6 +31,13 @@ TORCH_LIBRARY(_C, m) {
   // engine.model_executor.layers.linear.pack_panels ([ceil(N/16), K, 16], or for bfloat16
   // on AVX512_BF16 CPUs [ceil(N/16), ceil(K/2), 32]: k pairs).
   m.def("linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor? bias) -> ()");
+  m.def("cpu_has_int8_linear", &engine::cpu::has_int8_linear);
+  // CPU only: W8A8 linear layers, input quantised to int8 per row (dynamic)
+  // or with input_scale, int8 weight packed by
+  // engine.model_executor.layers.quantization.w8a8.pack_int8.
+  m.def(
+      "int8_linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor weight_scale, "
+      "Tensor weight_comp, Tensor? input_scale) -> ()");
 #endif
 }
 
@@ -46,6 +53,7 @@ TORCH_LIBRARY(_C, m) {
 TORCH_LIBRARY_IMPL(_C, CPU, m) {
   ENGINE_REGISTER_OPS(cpu)
   m.impl("linear", &engine::cpu::linear);
+  m.impl("int8_linear", &engine::cpu::int8_linear);
 }
 #endif
 

@@ -1,5 +1,5 @@
 """The `engine` command: generate, bench, env, serve, chat, complete,
-make-tiny-model. Heavy modules (torch, FastAPI) are imported by the command
+make-tiny-model, quantize. Heavy modules (torch, FastAPI) are imported by the command
 that needs them, so that `engine --help` stays fast."""
 from __future__ import annotations
 
@@ -125,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
                        "and a chat template, for trying the engine offline")
     t.add_argument("dir", help="a new folder")
     t.add_argument("--seed", type=int, default=0)
+    qz = sub.add_parser("quantize", help="write a quantized (compressed-tensors) copy of a "
+                        "float checkpoint, by round to nearest")
+    qz.add_argument("src", help="a Hugging Face checkpoint folder")
+    qz.add_argument("dst", help="a new folder")
+    qz.add_argument("--scheme", default="w8a8", choices=["w8a8"],
+                    help="w8a8: int8 weights per channel, int8 activations per token")
     env = sub.add_parser("env", help="print what this installation is and runs on")
     env.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -169,6 +175,14 @@ def make_tiny_model(args) -> int:
     return 0
 
 
+def quantize(args) -> int:
+    from engine.model_executor.layers.quantization.rtn import quantize as run
+
+    path = run(args.src, args.dst, args.scheme)
+    print(f"wrote a {args.scheme} checkpoint to {path}; try: engine serve {path}")
+    return 0
+
+
 def env(args) -> int:
     from engine.collect_env import main as env_main
 
@@ -176,7 +190,8 @@ def env(args) -> int:
 
 
 COMMANDS = {"env": env, "generate": generate, "bench": bench, "serve": serve, "chat": client,
-            "complete": client, "make-tiny-model": make_tiny_model}
+            "complete": client, "make-tiny-model": make_tiny_model,
+            "quantize": quantize}
 
 
 if __name__ == "__main__":

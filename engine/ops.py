@@ -16,7 +16,7 @@ from engine._kernels import load
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.
-DEVICE_OP_NAMES = {"cpu": ("linear",)}
+DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 
@@ -68,6 +68,22 @@ def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
     in k pairs as [ceil(N/16), ceil(K/2), 32] where panel_k_pack says so (CPU
     only: see has_panel_linear)."""
     _ops.linear(out, input, packed_weight, bias)
+
+
+def int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+                weight_scale: torch.Tensor, weight_comp: torch.Tensor,
+                input_scale: torch.Tensor | None = None) -> None:
+    """W8A8: out[M, N] = (int8(input) @ W^T) * row scale * weight_scale[N], input
+    quantised per row (dynamic) or with the static input_scale; W int8 packed
+    by engine.model_executor.layers.quantization.w8a8.pack_int8. The reference
+    where the code path in use has no kernel (see has_int8_linear)."""
+    fn = torch.ops._C.int8_linear if has_int8_linear() else reference.int8_linear
+    fn(out, input, packed_weight, weight_scale, weight_comp, input_scale)
+
+
+def has_int8_linear() -> bool:
+    """Whether the CPU code path in use has the int8 linear kernel (x86 AVX2/AVX-512)."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_int8_linear())
 
 
 def has_panel_linear() -> bool:

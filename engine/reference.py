@@ -106,3 +106,34 @@ def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
     w = (packed_weight.view(panels, steps, PANEL, k_pack).permute(0, 2, 1, 3)
          .reshape(panels * PANEL, steps * k_pack)[:n, :k])
     out.copy_(F.linear(input.float(), w.float(), None if bias is None else bias.float()))
+
+
+def quant_int8_rows(input: torch.Tensor, input_scale: torch.Tensor | None = None):
+    """int8 activations and their float32 scales [M, 1]: dynamic per row
+    (max|x| / 127, 1 for a zero row) or one static scale; x / scale rounded to
+    nearest even and clamped to [-128, 127], as the int8_linear kernel does."""
+    x = input.float()
+    if input_scale is None:
+        s = x.abs().amax(-1, keepdim=True) / 127.0
+        s = torch.where(s == 0, torch.ones_like(s), s)
+    else:
+        s = input_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+    return torch.round(x / s).clamp(-128, 127).to(torch.int8), s
+
+
+def unpack_int8(packed_weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """[ceil(N/16), ceil(K/4), 64] (16 columns by 4 k a step) back to [N, K]."""
+    panels, steps, _ = packed_weight.shape
+    return (packed_weight.view(panels, steps, PANEL, 4).permute(0, 2, 1, 3)
+            .reshape(panels * PANEL, steps * 4)[:n, :k])
+
+
+def int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+                weight_scale: torch.Tensor, weight_comp: torch.Tensor,
+                input_scale: torch.Tensor | None) -> None:
+    """W8A8: out = float(q @ W^T) * row scale * weight_scale, in that order
+    (float64 holds every int32 sum exactly; weight_comp is the VNNI kernel's)."""
+    q, s = quant_int8_rows(input, input_scale)
+    w = unpack_int8(packed_weight, out.shape[1], input.shape[1])
+    acc = (q.double() @ w.double().T).float()
+    out.copy_((acc * s) * weight_scale.float()[None, :])

@@ -137,5 +137,57 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
                b, M, N, K, input.stride(0), out.stride(0));
 }
 
+bool has_int8_linear() { return kernels().int8_linear != nullptr; }
+
+void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
+                 const at::Tensor& weight_scale, const at::Tensor& weight_comp,
+                 const std::optional<at::Tensor>& input_scale) {
+  const char* op = "int8_linear";
+  auto dt = dtype_of(input, at::kCPU, op, "input");
+  check_like(out, input, op, "out", "input");
+  TORCH_CHECK_VALUE(input.dim() == 2 && input.stride(1) == 1, op,
+                    ": input must be 2-D with a contiguous last dimension, got shape ",
+                    input.sizes(), " and strides ", input.strides());
+  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == input.size(0) && out.stride(1) == 1, op,
+                    ": out must be [", input.size(0), ", N] with a contiguous last dimension, "
+                    "got shape ", out.sizes());
+  const int64_t M = input.size(0), K = input.size(1), N = out.size(1);
+  using engine_cpu::kPanel;
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  TORCH_CHECK_VALUE(packed_weight.scalar_type() == at::kChar && packed_weight.device().is_cpu() &&
+                        packed_weight.dim() == 3 && packed_weight.size(0) == panels &&
+                        packed_weight.size(1) == (K + 3) / 4 && packed_weight.size(2) == 4 * kPanel &&
+                        packed_weight.is_contiguous(),
+                    op, ": packed_weight must be contiguous int8 [", panels, ", ", (K + 3) / 4, ", ",
+                    4 * kPanel, "] (engine.model_executor.layers.quantization.w8a8.pack_int8), got ",
+                    packed_weight.scalar_type(), " ", packed_weight.sizes());
+  TORCH_CHECK_VALUE(weight_scale.scalar_type() == at::kFloat && weight_scale.device().is_cpu() &&
+                        weight_scale.dim() == 1 && weight_scale.size(0) == N &&
+                        weight_scale.is_contiguous(),
+                    op, ": weight_scale must be contiguous float32 [", N, "], got ",
+                    weight_scale.scalar_type(), " ", weight_scale.sizes());
+  TORCH_CHECK_VALUE(weight_comp.scalar_type() == at::kInt && weight_comp.device().is_cpu() &&
+                        weight_comp.dim() == 1 && weight_comp.size(0) == panels * kPanel &&
+                        weight_comp.is_contiguous(),
+                    op, ": weight_comp must be contiguous int32 [", panels * kPanel, "], got ",
+                    weight_comp.scalar_type(), " ", weight_comp.sizes());
+  const float* s = nullptr;
+  if (input_scale.has_value()) {
+    TORCH_CHECK_VALUE(input_scale->scalar_type() == at::kFloat && input_scale->device().is_cpu() &&
+                          input_scale->numel() == 1,
+                      op, ": input_scale must be one float32, got ", input_scale->scalar_type(),
+                      " ", input_scale->sizes());
+    s = input_scale->const_data_ptr<float>();
+    TORCH_CHECK_VALUE(*s > 0.f, op, ": input_scale must be positive, got ", *s);
+  }
+  const auto& table = kernels();
+  TORCH_CHECK(table.int8_linear != nullptr, op, ": the ", table.isa,
+              " kernels have no int8_linear; use engine.reference.int8_linear");
+  if (M == 0 || N == 0) return;
+  table.int8_linear(kdt(dt), out.data_ptr(), input.const_data_ptr(), s,
+                    packed_weight.const_data_ptr<int8_t>(), weight_scale.const_data_ptr<float>(),
+                    weight_comp.const_data_ptr<int32_t>(), M, N, K, input.stride(0), out.stride(0));
+}
+
 }  // namespace cpu
 }  // namespace engine

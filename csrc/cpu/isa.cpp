@@ -31,7 +31,10 @@ bool cpu_has_avx512() {
 }
 bool cpu_has_avx512_bf16() {
   __builtin_cpu_init();
-  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  // Every CPU with AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4) has
+  // AVX512_VNNI too; the path is compiled with both (cmake/cpu.cmake).
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("avx512vnni");
 }
 #endif
 

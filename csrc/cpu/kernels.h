@@ -78,6 +78,15 @@ struct KernelTable {
   void (*linear_bf16_pairs)(void* out, const void* x, const void* packed,
                             const void* bias, int64_t M, int64_t N, int64_t K,
                             int64_t ldx, int64_t ldo);
+
+  // W8A8 (int8_linear_impl.h): x[M, K] quantised to int8 per row (dynamic,
+  // or with *static_scale when non-null), times an int8 W packed as
+  // [ceil(N/16), ceil(K/4), 16, 4] with int32 accumulation, scaled by the
+  // row's scale and w_scale[n]. comp[n] = 128 * sum_k W[n, k], padded to the
+  // panels. Null on the code paths without it (the caller then uses torch).
+  void (*int8_linear)(DType dt, void* out, const void* x, const float* static_scale,
+                      const int8_t* packed, const float* w_scale, const int32_t* comp,
+                      int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is

@@ -855,7 +855,21 @@ void linear(DType dt, void* out, const void* x, const void* packed, const void* 
                                 static_cast<const uint16_t*>(bias), M, N, K, ldx, ldo);
 }
 #define ENGINE_LINEAR linear
+
+#include "int8_linear_impl.h"
+void int8_linear(DType dt, void* out, const void* x, const float* static_scale,
+                 const int8_t* packed, const float* w_scale, const int32_t* comp, int64_t M,
+                 int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+  if (dt == DType::kFloat32)
+    int8_linear_t(static_cast<float*>(out), static_cast<const float*>(x), static_scale, packed,
+                  w_scale, comp, M, N, K, ldx, ldo);
+  else
+    int8_linear_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x), static_scale,
+                  packed, w_scale, comp, M, N, K, ldx, ldo);
+}
+#define ENGINE_INT8_LINEAR int8_linear
 #else
+#define ENGINE_INT8_LINEAR nullptr
 #define ENGINE_LINEAR nullptr
 #endif
 
@@ -874,7 +888,7 @@ void linear_bf16_pairs(void* out, const void* x, const void* packed, const void*
 const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
-    ENGINE_LINEAR_BF16_PAIRS,
+    ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR,
 };
 
 }  // namespace

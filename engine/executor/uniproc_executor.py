@@ -9,6 +9,7 @@ from engine import envs
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.engine_args import EngineConfig
+from engine.model_executor.layers import quantization
 from engine.model_executor.layers.linear import log_cpu_linear_choice
 from engine.model_executor.model_loader import load_weights
 from engine.model_executor.models.registry import model_class
@@ -30,6 +31,7 @@ class UniProcExecutor:
                 cpu_binding.apply(cpu_binding.plan())
         device = platform.device()
         self.model = model_class(config.model.model_type)(config.model, config.dtype).to(device)
+        quantization.apply(self.model, config.path)
         load_weights(self.model, config.path)
         self.model.eval()
         self.linear_mode = PLAIN

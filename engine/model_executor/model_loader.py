@@ -40,7 +40,10 @@ def _shard_offsets(layer, name: str) -> list[int]:
 
 
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
-           "F64": torch.float64}
+           "F64": torch.float64, "I8": torch.int8}
+# A quantized layer's tensors next to its weight (layers/quantization): fused
+# and sliced as the weight's rows are.
+_QUANT_SUFFIXES = (".weight_scale",)
 
 
 def _header(f, name: str, size: int) -> dict:
@@ -71,8 +74,11 @@ def _header(f, name: str, size: int) -> dict:
 def _read_into(f, name: str, key: str, info: dict, dest: torch.Tensor) -> None:
     dtype = _DTYPES.get(info["dtype"])
     if dtype is None:
-        raise ValueError(f"{name}: {key} has dtype {info['dtype']}; float32, bfloat16, float16 "
-                         "and float64 are supported")
+        raise ValueError(f"{name}: {key} has dtype {info['dtype']}; float32, bfloat16, float16, "
+                         "float64 and (quantized checkpoints) int8 are supported")
+    if (dtype == torch.int8) != (dest.dtype == torch.int8):
+        raise ValueError(f"{name}: {key} has dtype {info['dtype']} where the model expects "
+                         f"{dest.dtype}; does config.json's quantization_config match the weights?")
     shape = tuple(info["shape"])
     if shape != tuple(dest.shape):
         raise ValueError(f"{name}: {key} has shape {shape}, the model expects "
@@ -114,6 +120,18 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
 
 
 def _target(model: LlamaForCausalLM, key: str):
+    for extra in _QUANT_SUFFIXES:
+        if key.endswith(extra):
+            name, rows = _target(model, key[:-len(extra)] + ".weight")
+            if name is None:
+                return None, None
+            name = name[:-len(".weight")] + extra
+            try:
+                model.get_parameter(name)
+            except AttributeError:
+                raise ValueError(f"{key}: a quantized layer's tensor, but config.json's "
+                                 "quantization_config does not quantize that layer") from None
+            return name, rows
     if key == "model.embed_tokens.weight":
         return "embed_tokens", None
     if key == "lm_head.weight":

@@ -72,10 +72,14 @@ class Linear(nn.Module):
                                  requires_grad=False) if bias else None
         self.packed: torch.Tensor | None = None   # oneDNN's layout
         self.panels: torch.Tensor | None = None   # the engine's (pack_panels)
+        self.quant_method = None  # a quantized checkpoint's (layers/quantization)
 
     def prepare(self, mode: str, batch_hint: int = 16) -> None:
         """Lay the weight out for `mode` (a cpu_features mode); the plain copy is
         freed unless another module shares it, as tied embeddings do."""
+        if self.quant_method is not None:
+            self.quant_method.process_weights(self)
+            return
         if mode == cpu_features.PLAIN:
             return
         if mode == cpu_features.PANELS:
@@ -89,6 +93,8 @@ class Linear(nn.Module):
         self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x)
         if self.panels is not None:
             x2 = x.reshape(-1, x.shape[-1])
             if x2.stride(-1) != 1:

@@ -1,0 +1,166 @@
+"""W8A8 against bfloat16: this engine on a compressed-tensors W8A8 checkpoint
+(made by `engine quantize` from the random Llama) against this engine on the
+bfloat16 original and, with --peer vllm, upstream vLLM on the same W8A8
+checkpoint; each engine in its own process, taking turns, threads bound to the
+same CPUs.
+
+    python benchmarks/quant.py [--model-size large] [--peer vllm] [--check]
+
+Targets (issue 28): W8A8 decode >= 1.5x our bf16 at 1 request and >= 1.0x
+vLLM's W8A8 at 1 and 16 requests; prefill >= 1.0x our bf16; peak RSS with
+W8A8 <= 0.6x bf16's. Also how many prompts' first tokens agree with vLLM's.
+--check exits 1 on a missed target. On a shared machine the figures are noisy:
+the fastest of --repeats runs counts.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# this folder's bisect.py would shadow the standard library's (see throughput.py)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import Targets, Worker
+from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
+
+DECODE = ((1, 1.5, 1.0), (16, None, 1.0))  # (requests, target vs our bf16, vs vLLM W8A8)
+PREFILL_TARGET = 1.0  # W8A8 prefill tokens/s vs our bf16
+RSS_TARGET = 0.6  # W8A8 peak RSS vs bf16
+PREFILL = (4, 480)  # prompts, tokens each
+AGREE = 4  # first tokens compared with vLLM's
+
+
+def child(kind: str, model: str, new: int) -> None:
+    """Loads, prints READY, then answers "decode B" / "prefill" lines."""
+    decode = prompt_ids(16, 32)
+    prefill = prompt_ids(PREFILL[0], PREFILL[1] - 1, seed=1)
+    t0 = time.perf_counter()
+    if kind == "engine":
+        from engine import LLM, SamplingParams
+
+        llm = LLM(model=model, dtype="bfloat16", max_model_len=MAX_POS)
+
+        def gen(prompts, n):
+            outs = llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(
+                temperature=0, max_tokens=n, ignore_eos=True))
+            return [o.outputs[0].token_ids for o in outs]
+    else:
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=model, dtype="bfloat16", max_model_len=MAX_POS, seed=0)
+
+        def gen(prompts, n):
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(
+                temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+            return [list(o.outputs[0].token_ids) for o in outs]
+    startup = time.perf_counter() - t0
+    gen(decode[:1], 4)
+    print("READY " + json.dumps({"startup": startup}), flush=True)
+    for line in sys.stdin:
+        what = line.split()
+        prompts, n = (prefill, 1) if what[0] == "prefill" else (decode[:int(what[1])], new)
+        t = time.perf_counter()
+        ids = gen(prompts, n)
+        dt = time.perf_counter() - t
+        tokens = sum(map(len, prompts)) if what[0] == "prefill" else sum(map(len, ids))
+        print("RESULT " + json.dumps({"tokens": tokens, "seconds": dt, "ids": ids}), flush=True)
+
+
+class Side(Worker):
+    def __init__(self, python: str, kind: str, model: str, new: int, env, log: Path, name: str):
+        super().__init__([python, __file__, "--child", kind, "--model", model, "--new", str(new)],
+                         env, log, f"{name} run", rss_interval=0.25)
+        self.name, self.best = name, {}
+
+    def run(self, request: str) -> None:
+        r = self.ask(request)
+        if request not in self.best or r["seconds"] < self.best[request]["seconds"]:
+            self.best[request] = r
+
+    def rate(self, request: str) -> float:
+        return self.best[request]["tokens"] / self.best[request]["seconds"]
+
+
+def main() -> int:
+    from benchmarks.peer import peer_env, require_peer
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-size", default="large", choices=sorted(MODEL_SIZES))
+    p.add_argument("--peer", choices=["none", "vllm"], default="none")
+    p.add_argument("--threads", default="0-1")
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--child")
+    p.add_argument("--model")
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    a = p.parse_args()
+    if a.child:
+        child(a.child, a.model, a.new)
+        return 0
+    from engine import ops
+    from engine.model_executor.layers.quantization.rtn import quantize
+
+    env = peer_env(a.threads)
+    ours = {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    requests = [f"decode {b}" for b, _, _ in DECODE] + ["prefill"]
+    with tempfile.TemporaryDirectory() as tmp:
+        bf16 = make_model(Path(tmp) / "bf16", a.model_size)
+        w8a8 = quantize(bf16, Path(tmp) / "w8a8")
+        print(f"checkpoint: random Llama '{a.model_size}', bfloat16 and W8A8 (engine quantize); "
+              f"CPUs {a.threads}, our code path {ops.cpu_isa()}; {a.new} new tokens a request, "
+              f"prefill {PREFILL[0]} prompts of {PREFILL[1]} tokens")
+        specs = [(sys.executable, "engine", bf16, ours, "engine bf16"),
+                 (sys.executable, "engine", w8a8, ours, "engine w8a8")]
+        if a.peer == "vllm":
+            specs.append((str(require_peer()), "vllm", w8a8, env, "vllm w8a8"))
+        sides = []
+        try:
+            for python, kind, model, e, name in specs:
+                sides.append(Side(python, kind, str(model), a.new, e,
+                                  Path(tmp) / f"{name.replace(' ', '-')}.log", name))
+            for req in requests:
+                for _ in range(a.repeats):
+                    for side in sides:
+                        side.run(req)
+        finally:
+            for side in sides:
+                side.close()
+    targets = Targets()
+    base, q = sides[0], sides[1]
+    peer = sides[2] if len(sides) > 2 else None
+    for (batch, t_bf16, t_peer), req in zip(DECODE, requests):
+        line = (f"decode, {batch:>2} requests: w8a8 {q.rate(req):7.1f} tok/s, bf16 "
+                f"{base.rate(req):7.1f} ({q.rate(req) / base.rate(req):.2f}x)")
+        if t_bf16 is not None:
+            targets.record(f"{batch} requests: w8a8 decode vs our bf16",
+                           q.rate(req) / base.rate(req), t_bf16)
+        if peer is not None:
+            same = sum(x[:AGREE] == y[:AGREE] for x, y in zip(q.best[req]["ids"],
+                                                              peer.best[req]["ids"]))
+            line += (f", vllm w8a8 {peer.rate(req):7.1f} ({q.rate(req) / peer.rate(req):.2f}x); "
+                     f"first {AGREE} ids agree with vllm on {same}/{batch}")
+            targets.record(f"{batch} requests: w8a8 decode vs vllm w8a8",
+                           q.rate(req) / peer.rate(req), t_peer)
+        print(line)
+    print(f"prefill: w8a8 {q.rate('prefill'):7.1f} tok/s, bf16 {base.rate('prefill'):7.1f} "
+          f"({q.rate('prefill') / base.rate('prefill'):.2f}x)"
+          + (f", vllm w8a8 {peer.rate('prefill'):7.1f}" if peer else ""))
+    targets.record("prefill: w8a8 vs our bf16", q.rate("prefill") / base.rate("prefill"),
+                   PREFILL_TARGET)
+    print(f"peak RSS: w8a8 {q.rss.peak:.0f} MB, bf16 {base.rss.peak:.0f} MB "
+          f"({q.rss.peak / base.rss.peak:.2f}x)" + (f", vllm w8a8 {peer.rss.peak:.0f} MB"
+                                                     if peer else ""))
+    targets.record("peak RSS: w8a8 vs bf16", q.rss.peak / base.rss.peak, RSS_TARGET,
+                   higher_is_better=False)
+    return targets.finish(a.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

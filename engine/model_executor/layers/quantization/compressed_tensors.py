@@ -1,0 +1,101 @@
+"""compressed-tensors' quantization_config (what llm-compressor writes and
+upstream vLLM loads): config_groups of weight and input-activation schemes,
+each with the layers it targets, and an ignore list. This engine runs INT8
+W8A8 from it (format "int-quantized"): int8 weights symmetric per output
+channel, int8 activations dynamic per token."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from engine.model_executor.layers.quantization.w8a8 import W8A8Int8
+
+METHOD = "compressed-tensors"
+SUPPORTED = ("compressed-tensors int-quantized W8A8 (int8 weights symmetric per channel; "
+             "int8 activations symmetric, dynamic per token)")
+
+
+def _unsupported(path: str, what: str) -> ValueError:
+    return ValueError(f"{path}: quantization_config: {what} is not supported; supported: "
+                      f"{SUPPORTED}")
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """compressed-tensors' target/ignore rule: "re:<regex>" or an exact layer
+    name; "Linear" (a module class) matches every linear layer."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return pattern in (name, "Linear")
+
+
+@dataclass(frozen=True)
+class _Group:
+    targets: tuple[str, ...]
+    method: W8A8Int8
+
+
+def _scheme(path: str, name: str, group: dict) -> W8A8Int8:
+    w, a = group.get("weights"), group.get("input_activations")
+    if not isinstance(w, dict):
+        raise _unsupported(path, f"config group {name!r} without weights")
+    if not isinstance(a, dict):
+        raise _unsupported(path, f"config group {name!r}: weight-only quantization "
+                                 f"({w.get('num_bits')}-bit {w.get('type')})")
+    for role, q in (("weights", w), ("input_activations", a)):
+        if (q.get("num_bits"), q.get("type"), bool(q.get("symmetric", True))) != (8, "int", True):
+            raise _unsupported(path, f"config group {name!r}: {role} of {q.get('num_bits')}-bit "
+                                     f"{q.get('type')}, symmetric={q.get('symmetric')}")
+    # per-tensor weight scales and static activation scales: the kernel takes
+    # them (engine.ops.int8_linear) but the loader does not fuse them yet
+    if w.get("strategy") != "channel" or w.get("dynamic"):
+        raise _unsupported(path, f"config group {name!r}: weight strategy "
+                                 f"{w.get('strategy')!r}")
+    dynamic = bool(a.get("dynamic"))
+    if (a.get("strategy"), dynamic) != ("token", True):
+        raise _unsupported(path, f"config group {name!r}: input activations with strategy "
+                                 f"{a.get('strategy')!r}, dynamic={a.get('dynamic')}")
+    return W8A8Int8(static_input=not dynamic)
+
+
+@dataclass(frozen=True)
+class CompressedTensorsConfig:
+    groups: tuple[_Group, ...]
+    ignore: tuple[str, ...]
+    path: str
+
+    @classmethod
+    def parse(cls, qc: dict, path: str) -> "CompressedTensorsConfig":
+        method = qc.get("quant_method")
+        if method != METHOD:
+            raise ValueError(f"{path}: quantization method {method!r} is not supported; "
+                             f"supported: {SUPPORTED}")
+        fmt = qc.get("format")
+        if fmt != "int-quantized":
+            raise _unsupported(path, f"format {fmt!r}")
+        groups = []
+        for name, group in (qc.get("config_groups") or {}).items():
+            if group.get("format") not in (None, "int-quantized"):
+                raise _unsupported(path, f"config group {name!r} of format {group['format']!r}")
+            groups.append(_Group(tuple(group.get("targets") or ()), _scheme(path, name, group)))
+        if qc.get("kv_cache_scheme"):
+            raise _unsupported(path, "kv_cache_scheme (a quantized KV cache)")
+        return cls(tuple(groups), tuple(qc.get("ignore") or ()), path)
+
+    def method_for(self, names: tuple[str, ...]) -> W8A8Int8 | None:
+        """The method of a linear layer made of the checkpoint layers `names`
+        (a fused one has several), None where it stays unquantized; the
+        layers fused together must agree, as upstream requires."""
+        chosen = {n: self._method_of(n) for n in names}
+        if len(set(chosen.values())) > 1:
+            raise ValueError(f"{self.path}: quantization_config treats {', '.join(names)} "
+                             "differently, but this engine runs them as one fused layer; "
+                             "quantize them alike")
+        return chosen[names[0]]
+
+    def _method_of(self, name: str) -> W8A8Int8 | None:
+        if any(_matches(name, p) for p in self.ignore):
+            return None
+        for g in self.groups:
+            if any(_matches(name, t) for t in g.targets):
+                return g.method
+        return None

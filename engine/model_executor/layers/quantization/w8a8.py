@@ -1,0 +1,77 @@
+"""INT8 W8A8 linear layers: int8 weights with a float32 scale per output
+channel, activations quantised to int8 per token at run time (or with a
+static per-tensor scale), int32 accumulation (engine.ops.int8_linear)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine import ops
+from engine.platforms import cpu_hugepages
+
+PANEL = ops.PANEL
+#: k values per 32-bit lane of the packed weight (one vpdpbusd step)
+K_PACK = 4
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] -> ([ceil(N/16), ceil(K/4), 64], each panel's 16 columns by
+    4 k a step, zero-padded; the VNNI offset correction 128 * sum_k W[n, k],
+    int32 [ceil(N/16) * 16]) as csrc/cpu/int8_linear_impl.h reads them."""
+    n, k = weight.shape
+    panels, steps = -(-n // PANEL), -(-k // K_PACK)
+    padded = weight.new_zeros(panels * PANEL, steps * K_PACK)
+    padded[:n, :k] = weight
+    out = cpu_hugepages.empty((panels, steps, PANEL * K_PACK), torch.int8)  # streamed every step
+    out.view(panels, steps, PANEL, K_PACK).copy_(
+        padded.view(panels, PANEL, steps, K_PACK).permute(0, 2, 1, 3))
+    comp = padded.sum(1, dtype=torch.int32) * 128
+    return out, comp
+
+
+class W8A8Int8:
+    """The layer's parameters as the checkpoint holds them (weight int8 [N, K],
+    weight_scale [N, 1], input_scale [1] when static), packed once loaded."""
+
+    def __init__(self, static_input: bool):
+        self.static_input = static_input
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, W8A8Int8) and other.static_input == self.static_input
+
+    def __hash__(self) -> int:
+        return hash(self.static_input)
+
+    def create_weights(self, layer: nn.Module) -> None:
+        n, k = layer.weight.shape
+        layer.weight = _param(torch.empty(n, k, dtype=torch.int8))
+        layer.weight_scale = _param(torch.empty(n, 1, dtype=torch.float32))
+        layer.input_scale = _param(torch.empty(1, dtype=torch.float32)) if self.static_input \
+            else None
+        layer.quant_method = self
+
+    def process_weights(self, layer: nn.Module) -> None:
+        """Pack the loaded weight for the kernel; the [N, K] copy is freed."""
+        if layer.weight is None:
+            return
+        layer.out_features = layer.weight.shape[0]
+        layer.int8_packed, layer.int8_comp = pack_int8(layer.weight.data)
+        layer.int8_scale = layer.weight_scale.data.reshape(-1).float().contiguous()
+        del layer.weight
+        layer.weight = None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        self.process_weights(layer)
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = x2.new_empty(x2.shape[0], layer.out_features)
+        scale = None if layer.input_scale is None else layer.input_scale.data
+        ops.int8_linear(out, x2, layer.int8_packed, layer.int8_scale, layer.int8_comp, scale)
+        if layer.bias is not None:
+            out += layer.bias
+        return out.view(*x.shape[:-1], layer.out_features)

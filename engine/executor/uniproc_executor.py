@@ -29,7 +29,7 @@ class UniProcExecutor:
             if config.bind_threads:
                 cpu_binding.apply(cpu_binding.plan())
         device = platform.device()
-        self.model = model_class(config.model.model_type)(config.model, config.dtype).to(device)
+        self.model = model_class(config.model.architecture)(config.model, config.dtype).to(device)
         load_weights(self.model, config.path)
         self.model.eval()
         self.linear_mode = PLAIN

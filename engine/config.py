@@ -36,6 +36,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None
     architecture: str = ""
+    max_model_len: int | None = None  # set by the engine args (longrope picks its table by it)
     # rope parameters in transformers 5's standard form: one dict, or one per layer type
     rope: dict = field(default_factory=dict, compare=False, repr=False)
     layer_types: tuple[str, ...] = ()

@@ -3,6 +3,7 @@
 budget of a step and the size of the KV cache. Nothing here loads a model."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,5 +108,6 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
             f"the KV cache ({num_blocks} blocks of {block_size} tokens) cannot hold one "
             f"sequence of the model's context ({max_len} tokens); raise "
             "VLLM_CPU_KVCACHE_SPACE or lower max_model_len")
+    mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads)

@@ -55,18 +55,21 @@ def _yarn(dim: int, base: float, p: dict, max_position: int) -> tuple[torch.Tens
     return (1.0 / (factor * pos)) * (1 - extra) + (1.0 / pos) * extra, attn
 
 
-def rope_tables(head_dim: int, p: dict, max_position: int) -> tuple[int, list, int | None]:
-    """(rot_dim, [(inv_freq, attention_factor)], switch): one table, or for
-    longrope the short and the long one, the long used from `switch` tokens on."""
+def rope_tables(head_dim: int, p: dict, max_position: int,
+                max_model_len: int | None = None) -> tuple[int, torch.Tensor, float]:
+    """(rot_dim, inv_freq, attention_factor). longrope: its long factors where
+    the engine's max_model_len passes original_max_position_embeddings, as
+    upstream does (chosen once, so that no cached key is ever rotated with the
+    other table; transformers switches per step and recomputes the cache)."""
     base, kind = p.get("rope_theta", 10000.0), p.get("rope_type", "default")
     dim = int(head_dim * p.get("partial_rotary_factor", 1.0))
     inv = _default(dim, base)
     if kind == "linear":
-        return dim, [(inv / p["factor"], 1.0)], None
+        return dim, inv / p["factor"], 1.0
     if kind == "llama3":
-        return dim, [(_llama3(inv, p), 1.0)], None
+        return dim, _llama3(inv, p), 1.0
     if kind == "yarn":
-        return dim, [_yarn(dim, base, p, max_position)], None
+        return (dim, *_yarn(dim, base, p, max_position))
     if kind == "longrope":
         orig = p["original_max_position_embeddings"]
         factor = p.get("factor") or max_position / orig
@@ -74,32 +77,24 @@ def rope_tables(head_dim: int, p: dict, max_position: int) -> tuple[int, list, i
         if attn is None:
             attn = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
         shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-        tables = [(1.0 / (torch.tensor(p[f], dtype=torch.float32) * base ** shape), attn)
-                  for f in ("short_factor", "long_factor")]
-        return dim, tables, orig
-    return dim, [(inv, 1.0)], None
+        long = (max_model_len or max_position) > orig
+        ext = torch.tensor(p["long_factor" if long else "short_factor"], dtype=torch.float32)
+        return dim, 1.0 / (ext * base ** shape), attn
+    return dim, inv, 1.0
 
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, params: dict | float,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, max_model_len: int | None = None):
         super().__init__()
         if not isinstance(params, dict):  # a plain base
             params = {"rope_type": "default", "rope_theta": params}
         self.head_dim = head_dim
-        self.rot_dim, tables, self.switch = rope_tables(head_dim, params, max_position)
-        pos = torch.arange(max_position, dtype=torch.float32)
-        caches = []
-        for inv_freq, attn in tables:
-            freqs = torch.outer(pos, inv_freq)
-            caches.append(torch.cat([freqs.cos() * attn, freqs.sin() * attn], -1).to(dtype))
-        self.register_buffer("cos_sin_cache", caches[0], persistent=False)
-        self.register_buffer("long_cos_sin_cache", caches[-1], persistent=False)
+        self.rot_dim, inv_freq, attn = rope_tables(head_dim, params, max_position, max_model_len)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos_sin_cache",
+                             torch.cat([freqs.cos() * attn, freqs.sin() * attn], -1).to(dtype),
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-        cache = self.cos_sin_cache
-        # longrope: the long factors once the batch reaches past the original
-        # length, as transformers does per forward (torch.max(position_ids) + 1)
-        if self.switch is not None and positions.numel() and int(positions.max()) + 1 > self.switch:
-            cache = self.long_cos_sin_cache
-        ops.rotary_embedding(positions, q, k, self.head_dim, cache, True)
+        ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)

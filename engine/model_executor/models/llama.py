@@ -94,7 +94,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = c
         self.embed_tokens = param(c.vocab_size, c.hidden_size, dtype=dtype)
-        rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_for(), dtype)
+        rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_for(), dtype, c.max_model_len)
         self.layers = nn.ModuleList(DecoderLayer(c, rotary, dtype) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.lm_head = Linear(c.hidden_size, c.vocab_size, False, dtype)

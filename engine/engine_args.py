@@ -75,7 +75,7 @@ def resolve_dtype(dtype: str, model: ModelConfig) -> torch.dtype:
         dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(model.torch_dtype or "",
                                                                      "float32")
     if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; use auto, float32 or bfloat16")
+        raise ValueError(f"dtype {dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
     return current_platform().resolve_dtype(DTYPES[dtype])
 
 

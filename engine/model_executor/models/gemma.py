@@ -59,8 +59,6 @@ class GemmaDecoderLayer(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.q_size)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.kv_size)
-        else:
-            q, k = q.contiguous(), k.contiguous()
         self.rotary(positions, q, k)
         x = x + self.post_attention_layernorm(self.o_proj(self.attn(q, k, v)))
         y = self.down(self.act(self.gate_up(self.pre_feedforward_layernorm(x))))

@@ -94,3 +94,21 @@ def test_unsupported_architecture_names_the_supported(llama, tmp_path):
     for arch in ("LlamaForCausalLM", "OPTForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "GraniteForCausalLM"):
         assert arch in msg
+
+
+def test_opt_first_exports_without_model_prefix(tmp_path):
+    """facebook/opt-* as first exported: decoder.* keys, no "model." prefix."""
+    from arch_checkpoints import make_arch_checkpoint
+    from test_engine import hf_greedy
+
+    from engine.sampling_params import SamplingParams
+
+    src = make_arch_checkpoint(tmp_path / "opt", "opt")
+
+    def strip(t):
+        for k in [k for k in t if k.startswith("model.")]:
+            t[k.removeprefix("model.")] = t.pop(k)
+    path = _rewrite(src, tmp_path / "ck", strip)
+    out = make_llm(path).generate(["he was"], SamplingParams(temperature=0, max_tokens=6,
+                                                             ignore_eos=True))
+    assert out[0].outputs[0].token_ids == hf_greedy(src, out[0].prompt_token_ids, 6)

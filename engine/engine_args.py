@@ -3,6 +3,7 @@
 budget of a step and the size of the KV cache. Nothing here loads a model."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,7 @@ def resolve_dtype(dtype: str, model: ModelConfig) -> torch.dtype:
         dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(model.torch_dtype or "",
                                                                      "float32")
     if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; use auto, float32 or bfloat16")
+        raise ValueError(f"dtype {dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
     return current_platform().resolve_dtype(DTYPES[dtype])
 
 
@@ -107,5 +108,6 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
             f"the KV cache ({num_blocks} blocks of {block_size} tokens) cannot hold one "
             f"sequence of the model's context ({max_len} tokens); raise "
             "VLLM_CPU_KVCACHE_SPACE or lower max_model_len")
+    mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads)

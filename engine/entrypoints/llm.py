@@ -14,7 +14,7 @@ from typing import Sequence as Seq
 
 from engine.core.engine_core import EngineCore
 from engine.core.sequence import Sequence
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, with_model_defaults
 
 
 @dataclass
@@ -43,6 +43,11 @@ class LLM:
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", **kwargs):
         self.core = EngineCore(model, dtype, **kwargs)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """As upstream: the checkpoint's generation_config.json sampling fields
+        where it has them, else SamplingParams' defaults."""
+        return SamplingParams(**with_model_defaults({}, self.core.config.generation_defaults))
+
     def get_tokenizer(self):
         return self.core.tokenizer
 
@@ -60,7 +65,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = [_prompt(p, i) if isinstance(p, dict) else p for i, p in enumerate(prompts)]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")

@@ -30,7 +30,7 @@ class UniProcExecutor:
             if config.bind_threads:
                 cpu_binding.apply(cpu_binding.plan())
         device = platform.device()
-        self.model = model_class(config.model.model_type)(config.model, config.dtype).to(device)
+        self.model = model_class(config.model.architecture)(config.model, config.dtype).to(device)
         quantization.apply(self.model, config.path)
         load_weights(self.model, config.path)
         self.model.eval()

@@ -1,5 +1,5 @@
-"""Load a Hugging Face checkpoint's safetensors into LlamaForCausalLM, fusing
-q/k/v and gate/up projections as the model expects.
+"""Load a Hugging Face checkpoint's safetensors into a model, fusing q/k/v
+and gate/up projections as the model expects (its checkpoint_map()).
 
 Tensors are read with plain reads straight into the model's parameters, not
 through a memory map: mapped checkpoint pages would count in the process's
@@ -13,30 +13,8 @@ from pathlib import Path
 
 import torch
 
-from engine.model_executor.models.llama import LlamaForCausalLM
-
-# checkpoint name suffix -> (our parameter, shard index in a fused parameter)
-_FUSED = {
-    "self_attn.q_proj.weight": ("qkv.weight", 0), "self_attn.k_proj.weight": ("qkv.weight", 1),
-    "self_attn.v_proj.weight": ("qkv.weight", 2), "self_attn.q_proj.bias": ("qkv.bias", 0),
-    "self_attn.k_proj.bias": ("qkv.bias", 1), "self_attn.v_proj.bias": ("qkv.bias", 2),
-    "mlp.gate_proj.weight": ("gate_up.weight", 0), "mlp.up_proj.weight": ("gate_up.weight", 1),
-}
-_PLAIN = {
-    "self_attn.o_proj.weight": "o_proj.weight", "mlp.down_proj.weight": "down.weight",
-    "input_layernorm.weight": "input_layernorm.weight",
-    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
-    "self_attn.q_norm.weight": "q_norm.weight", "self_attn.k_norm.weight": "k_norm.weight",
-}
-
-
-def _shard_offsets(layer, name: str) -> list[int]:
-    c = layer.c
-    if name.startswith("qkv"):
-        sizes = [layer.q_size, layer.kv_size, layer.kv_size]
-    else:
-        sizes = [c.intermediate_size, c.intermediate_size]
-    return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+# Checkpoint tensors no model reads: rotary tables older exports saved.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
@@ -96,56 +74,71 @@ def _read_into(f, name: str, key: str, info: dict, dest: torch.Tensor) -> None:
         dest.copy_(target)
 
 
-def load_weights(model: LlamaForCausalLM, path: Path) -> None:
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Read every tensor of the checkpoint into the model; refuse, in one line
+    naming the tensor, one the model does not know, one whose shape does not
+    fit, and a parameter (or one part of a fused one) the checkpoint lacks.
+
+    The model names what it reads: checkpoint_map() gives each checkpoint
+    tensor's (parameter, part) -- part None for a whole parameter, else the
+    index into the parameter's `shard_sizes` rows (fused q/k/v, gate/up)."""
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
-    loaded: set[str] = set()
     params = dict(model.named_parameters())
+    mapping = _with_quant_tensors(model.checkpoint_map(), params)
+    skip = set(getattr(model, "skipped_checkpoint_keys", lambda: ())())
+    loaded: dict[str, set] = {}
     with torch.no_grad():
         for file in files:
             with open(file, "rb", buffering=0) as f:
                 header = _header(f, file.name, file.stat().st_size)
                 for key, info in header.items():
-                    target, rows = _target(model, key)
-                    if target is None:
+                    if key in skip or key.endswith(_IGNORED_SUFFIXES):
                         continue
-                    dest = params[target] if isinstance(target, str) else target
-                    view = dest if rows is None else dest[rows[0]:rows[1]]
-                    _read_into(f, file.name, key, info, view)
-                    loaded.add(target if isinstance(target, str) else key)
-    missing = [n for n in params if n not in loaded]
-    if missing:
-        raise ValueError(f"{path}: the checkpoint lacks weights for {missing[:5]}")
+                    if key not in mapping and key.endswith(_QUANT_SUFFIXES):
+                        raise ValueError(f"{file.name}: {key} is a quantized layer's tensor, but "
+                                         "config.json's quantization_config does not quantize "
+                                         "that layer")
+                    if key not in mapping:
+                        raise ValueError(f"{file.name}: {key} is not a weight of "
+                                         f"{type(model).__name__}; is config.json the "
+                                         "checkpoint's own?")
+                    name, part = mapping[key]
+                    dest = params[name]
+                    if part is not None:
+                        bounds = _bounds(dest.shard_sizes)
+                        dest = dest[bounds[part]:bounds[part + 1]]
+                    _read_into(f, file.name, key, info, dest)
+                    loaded.setdefault(name, set()).add(part)
+    for key, (name, part) in mapping.items():
+        if part not in loaded.get(name, set()) and not _complete(params[name], loaded.get(name)):
+            raise ValueError(f"{path}: the checkpoint lacks {key} (config.json asks for it); "
+                             "the download may be incomplete")
 
 
-def _target(model: LlamaForCausalLM, key: str):
-    for extra in _QUANT_SUFFIXES:
-        if key.endswith(extra):
-            name, rows = _target(model, key[:-len(extra)] + ".weight")
-            if name is None:
-                return None, None
-            name = name[:-len(".weight")] + extra
-            try:
-                model.get_parameter(name)
-            except AttributeError:
-                raise ValueError(f"{key}: a quantized layer's tensor, but config.json's "
-                                 "quantization_config does not quantize that layer") from None
-            return name, rows
-    if key == "model.embed_tokens.weight":
-        return "embed_tokens", None
-    if key == "lm_head.weight":
-        return (None, None) if model.config.tie_word_embeddings else ("lm_head.weight", None)
-    if key == "model.norm.weight":
-        return "norm.weight", None
-    if not key.startswith("model.layers."):
-        return None, None
-    idx, suffix = key[len("model.layers."):].split(".", 1)
-    layer = model.layers[int(idx)]
-    if suffix in _FUSED:
-        name, shard = _FUSED[suffix]
-        offsets = _shard_offsets(layer, name)
-        return f"layers.{idx}.{name}", (offsets[shard], offsets[shard + 1])
-    if suffix in _PLAIN:
-        return f"layers.{idx}.{_PLAIN[suffix]}", None
-    return None, None
+def _with_quant_tensors(mapping: dict, params: dict) -> dict:
+    """The map with each quantized weight's companions (its scale), which take
+    the weight's part of a fused parameter: scales are per output row."""
+    out = dict(mapping)
+    for key, (name, part) in mapping.items():
+        if not key.endswith(".weight"):
+            continue
+        for extra in _QUANT_SUFFIXES:
+            companion = name[:-len(".weight")] + extra
+            if companion in params:
+                sizes = getattr(params[name], "shard_sizes", None)
+                if sizes is not None:
+                    params[companion].shard_sizes = sizes
+                out[key[:-len(".weight")] + extra] = (companion, part)
+    return out
+
+
+def _bounds(sizes) -> list[int]:
+    return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+
+
+def _complete(param, got: set | None) -> bool:
+    """Read whole, or every part of a fused parameter read."""
+    sizes = getattr(param, "shard_sizes", None)
+    return bool(got) and (None in got or (sizes is not None and got >= set(range(len(sizes)))))

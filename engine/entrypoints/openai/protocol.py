@@ -7,7 +7,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, with_model_defaults
 
 
 class StreamOptions(BaseModel):
@@ -23,6 +23,7 @@ class _Sampling(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -47,14 +48,18 @@ class _Sampling(BaseModel):
             return "frequency_penalty"
         return None
 
-    def sampling_params(self, max_tokens: int, index: int = 0) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, index: int = 0,
+                        model_defaults: dict | None = None) -> SamplingParams:
+        """model_defaults: the checkpoint's generation_config.json fields, for
+        those the request leaves unset (engine.sampling_params.with_model_defaults)."""
         # n > 1 with a seed: each choice gets its own stream of random numbers
         seed = None if self.seed is None else self.seed + index
+        fields = with_model_defaults(
+            {"temperature": self.temperature, "top_p": self.top_p,
+             "top_k": -1 if self.top_k == 0 else self.top_k,
+             "repetition_penalty": self.repetition_penalty}, model_defaults or {})
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k in (None, 0) else self.top_k,
-            seed=seed, max_tokens=max_tokens, stop=self.stop,
+            **fields, seed=seed, max_tokens=max_tokens, stop=self.stop,
             stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos)
 
 

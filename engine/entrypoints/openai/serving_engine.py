@@ -69,8 +69,9 @@ def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: in
                    max_tokens: int) -> list:
     llm = state.llm
     try:
-        seqs = [llm.make_sequence(prompt, body.sampling_params(max_tokens, j), prompt_index)
-                for j in range(body.n)]
+        defaults = llm.core.config.generation_defaults
+        seqs = [llm.make_sequence(prompt, body.sampling_params(max_tokens, j, defaults),
+                                  prompt_index) for j in range(body.n)]
     except ValueError as exc:
         raise APIError(400, str(exc), "prompt") from None
     room = state.max_model_len - seqs[0].num_prompt_tokens

@@ -64,12 +64,17 @@ def log_cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 shard_sizes: tuple[int, ...] | None = None):
+        """shard_sizes: the rows of each fused part (q/k/v, gate/up), read by the loader."""
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
                                    requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype),
                                  requires_grad=False) if bias else None
+        for p in (self.weight, self.bias):
+            if p is not None and shard_sizes is not None:
+                p.shard_sizes = shard_sizes
         self.packed: torch.Tensor | None = None   # oneDNN's layout
         self.panels: torch.Tensor | None = None   # the engine's (pack_panels)
         self.quant_method = None  # a quantized checkpoint's (layers/quantization)

@@ -6,9 +6,25 @@ import torch
 from engine.sampling_params import SamplingParams
 
 
+def apply_repetition_penalty(logits: torch.Tensor, params: list[SamplingParams],
+                             histories: list[list[int]]) -> torch.Tensor:
+    """As upstream (and transformers): the logit of every token already in the
+    prompt or output divided by the penalty where positive, multiplied where not."""
+    for i, (p, ids) in enumerate(zip(params, histories)):
+        if p.repetition_penalty != 1.0 and ids:
+            idx = torch.tensor(sorted(set(ids)), device=logits.device)
+            seen = logits[i, idx]
+            logits[i, idx] = torch.where(seen > 0, seen / p.repetition_penalty,
+                                         seen * p.repetition_penalty)
+    return logits
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int]:
+           generators: list[torch.Generator | None],
+           histories: list[list[int]] | None = None) -> list[int]:
     logits = logits.float()
+    if histories is not None:
+        logits = apply_repetition_penalty(logits, params, histories)
     greedy = torch.argmax(logits, dim=-1).tolist()  # one call for the whole batch
     out = []
     for row, p, g, best in zip(logits, params, generators, greedy):

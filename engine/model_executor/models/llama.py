@@ -1,5 +1,7 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k
-norms) over packed tokens: [tokens, hidden], sequences back to back."""
+"""Llama-family decoder over packed tokens ([tokens, hidden], sequences back
+to back): Llama, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms), Granite (its
+multipliers) and Phi-3 (fused qkv_proj/gate_up_proj in the checkpoint, partial
+rotary, longrope)."""
 from __future__ import annotations
 
 import torch
@@ -12,10 +14,36 @@ from engine.model_executor.layers.attention import Attention
 from engine.model_executor.layers.linear import Linear
 from engine.model_executor.layers.norm import RMSNorm
 from engine.model_executor.layers.rotary import RotaryEmbedding
+from engine.model_executor.models.weights import CausalLM, checkpoint_map, param
+
+# checkpoint suffix in a layer -> (our parameter, part of a fused one)
+_LAYER = {
+    "self_attn.q_proj.weight": ("qkv.weight", 0), "self_attn.k_proj.weight": ("qkv.weight", 1),
+    "self_attn.v_proj.weight": ("qkv.weight", 2), "self_attn.o_proj.weight": ("o_proj.weight", None),
+    "mlp.gate_proj.weight": ("gate_up.weight", 0), "mlp.up_proj.weight": ("gate_up.weight", 1),
+    "mlp.down_proj.weight": ("down.weight", None),
+    "input_layernorm.weight": ("input_layernorm.weight", None),
+    "post_attention_layernorm.weight": ("post_attention_layernorm.weight", None),
+}
+_BIAS = {"self_attn.q_proj.bias": ("qkv.bias", 0), "self_attn.k_proj.bias": ("qkv.bias", 1),
+         "self_attn.v_proj.bias": ("qkv.bias", 2)}
+_QK_NORM = {"self_attn.q_norm.weight": ("q_norm.weight", None),
+            "self_attn.k_norm.weight": ("k_norm.weight", None)}
+_PHI3_FUSED = {"self_attn.qkv_proj.weight": ("qkv.weight", None),
+               "mlp.gate_up_proj.weight": ("gate_up.weight", None)}
 
 
-def _param(*shape, dtype) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+def _layer_names(c: ModelConfig) -> dict:
+    names = dict(_LAYER)
+    if c.model_type == "phi3":  # fused in the checkpoint: read whole
+        names = {k: v for k, v in names.items() if v[1] is None} | _PHI3_FUSED
+    return names | (_BIAS if c.qkv_bias else {}) | (_QK_NORM if c.qk_norm else {})
+
+
+def _sliding_window(c: ModelConfig) -> int | None:
+    if c.model_type == "qwen2" and not c.hf.get("use_sliding_window"):
+        return None
+    return c.hf.get("sliding_window") if c.model_type in ("mistral", "phi3", "qwen2") else None
 
 
 class DecoderLayer(nn.Module):
@@ -23,17 +51,22 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.c = c
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.qkv = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.qkv_bias, dtype)
+        self.qkv = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.qkv_bias, dtype,
+                          (self.q_size, self.kv_size, self.kv_size))
         self.o_proj = Linear(self.q_size, c.hidden_size, False, dtype)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.rotary = rotary
-        self.attn = Attention(c.num_heads, c.num_kv_heads, c.head_dim)
-        self.gate_up = Linear(c.hidden_size, 2 * c.intermediate_size, False, dtype)
-        self.down = Linear(c.intermediate_size, c.hidden_size, False, dtype)
+        self.attn = Attention(c.num_heads, c.num_kv_heads, c.head_dim,
+                              scale=c.hf.get("attention_multiplier"),  # Granite
+                              sliding_window=_sliding_window(c))
+        inter = c.intermediate_size
+        self.gate_up = Linear(c.hidden_size, 2 * inter, False, dtype, (inter, inter))
+        self.down = Linear(inter, c.hidden_size, False, dtype)
         self.act = SiluAndMul()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.residual_multiplier = c.hf.get("residual_multiplier", 1.0)  # Granite
 
     def forward(self, positions, x, residual):
         if residual is None:
@@ -48,39 +81,46 @@ class DecoderLayer(nn.Module):
             q = self.q_norm(q.reshape(-1, hd)).view(-1, self.q_size)
             k = self.k_norm(k.reshape(-1, hd)).view(-1, self.kv_size)
         self.rotary(positions, q, k)  # in place, through the strided views of qkv
-        x = self.o_proj(self.attn(q, k, v))
+        x = self._scaled(self.o_proj(self.attn(q, k, v)))
         x, residual = self.post_attention_layernorm(x, residual)
-        x = self.down(self.act(self.gate_up(x)))
-        return x, residual
+        return self._scaled(self.down(self.act(self.gate_up(x)))), residual
+
+    def _scaled(self, x):
+        return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     def __init__(self, c: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.config = c
-        self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype)
-        rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta, dtype)
+        self.embed_tokens = param(c.vocab_size, c.hidden_size, dtype=dtype)
+        rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_for(), dtype, c.max_model_len)
         self.layers = nn.ModuleList(DecoderLayer(c, rotary, dtype) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.lm_head = Linear(c.hidden_size, c.vocab_size, False, dtype)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
+        self.embedding_multiplier = c.hf.get("embedding_multiplier", 1.0)  # Granite
+        self.logits_scaling = c.hf.get("logits_scaling", 1.0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 last_token_index: torch.Tensor) -> torch.Tensor:
         """Logits of the tokens at last_token_index (one per sequence)."""
         x = F.embedding(input_ids, self.embed_tokens)
+        if self.embedding_multiplier != 1.0:
+            x = x * self.embedding_multiplier
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
-        return self.lm_head(x[last_token_index])
+        logits = self.lm_head(x[last_token_index])
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
-    def prepare_linear(self, mode: str) -> None:
-        """Every linear layer's weight laid out for `mode` (engine.platforms.cpu_features)."""
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.prepare(mode)
+    def checkpoint_map(self) -> dict:
+        top = {"model.embed_tokens.weight": "embed_tokens", "model.norm.weight": "norm.weight"}
+        if not self.config.tie_word_embeddings:
+            top["lm_head.weight"] = "lm_head.weight"
+        return checkpoint_map(top, "model.layers.", len(self.layers), _layer_names(self.config))
 
-    def attention_layers(self) -> list[Attention]:
-        return [layer.attn for layer in self.layers]
+    def skipped_checkpoint_keys(self) -> tuple[str, ...]:
+        return ("lm_head.weight",) if self.config.tie_word_embeddings else ()

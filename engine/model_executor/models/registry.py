@@ -1,4 +1,5 @@
-"""Which model class serves a checkpoint, by its config.json `model_type`.
+"""Which model class serves a checkpoint, by its config.json `architectures`
+(else its `model_type`).
 
 Names only (no imports): the config reader asks what is supported without
 loading torch or any model code; `model_class()` imports the one it needs."""
@@ -6,21 +7,41 @@ from __future__ import annotations
 
 import importlib
 
-# model_type -> (module under engine.model_executor.models, class)
-_MODELS = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "mistral": ("llama", "LlamaForCausalLM"),
-    "qwen2": ("llama", "LlamaForCausalLM"),
-    "qwen3": ("llama", "LlamaForCausalLM"),
+# architecture -> (model_type, module under engine.model_executor.models, class)
+_ARCHITECTURES = {
+    "LlamaForCausalLM": ("llama", "llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("mistral", "llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "llama", "LlamaForCausalLM"),
+    "GraniteForCausalLM": ("granite", "llama", "LlamaForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "llama", "LlamaForCausalLM"),
+    "OPTForCausalLM": ("opt", "opt", "OPTForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma2", "gemma", "GemmaForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3_text", "gemma", "GemmaForCausalLM"),
 }
+_BY_MODEL_TYPE = {mt: arch for arch, (mt, _, _) in _ARCHITECTURES.items()}
 
-SUPPORTED_MODEL_TYPES = tuple(_MODELS)
+SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
+SUPPORTED_MODEL_TYPES = tuple(_BY_MODEL_TYPE)
 
 
-def model_class(model_type: str):
+def resolve_architecture(cfg: dict) -> tuple[str, str]:
+    """(model_type, architecture) of a config.json, or one line naming the supported ones."""
+    for arch in cfg.get("architectures") or []:
+        if arch in _ARCHITECTURES:
+            return _ARCHITECTURES[arch][0], arch
+    mt = cfg.get("model_type")
+    if mt in _BY_MODEL_TYPE:
+        return mt, _BY_MODEL_TYPE[mt]
+    given = ", ".join(cfg.get("architectures") or []) or "none"
+    raise ValueError(f"architecture {given} (model_type {mt!r}) is not supported; supported "
+                     f"architectures: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def model_class(architecture: str):
     try:
-        module, name = _MODELS[model_type]
+        _, module, name = _ARCHITECTURES[architecture]
     except KeyError:
-        raise ValueError(f"model_type {model_type!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_MODEL_TYPES)}") from None
+        raise ValueError(f"architecture {architecture!r} is not supported; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}") from None
     return getattr(importlib.import_module(f"engine.model_executor.models.{module}"), name)

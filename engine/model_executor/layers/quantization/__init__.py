@@ -15,13 +15,6 @@ from engine.model_executor.layers.quantization.compressed_tensors import (
 
 __all__ = ["apply", "config_for", "SUPPORTED"]
 
-# our fused linear layer -> the checkpoint's layers it holds, in order
-# (engine.model_executor.model_loader fuses their weights the same way)
-_SHARDS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-           "o_proj": ("self_attn.o_proj",),
-           "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
-
-
 def config_for(path: Path) -> CompressedTensorsConfig | None:
     """The checkpoint's quantization config, None for a float checkpoint;
     ValueError (one line) for a method or scheme this engine does not run."""
@@ -37,13 +30,15 @@ def config_for(path: Path) -> CompressedTensorsConfig | None:
     return CompressedTensorsConfig.parse(qc, str(path))
 
 
-def checkpoint_names(module_name: str) -> tuple[str, ...]:
-    """The checkpoint layers behind one of our linear layers ("layers.3.qkv" ->
-    model.layers.3.self_attn.{q,k,v}_proj; "lm_head" -> lm_head)."""
-    if not module_name.startswith("layers."):
-        return (module_name,)
-    _, idx, ours = module_name.split(".", 2)
-    return tuple(f"model.layers.{idx}.{s}" for s in _SHARDS[ours])
+def checkpoint_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each of our linear layers -> the checkpoint layers behind it, in the
+    order they are fused ("layers.3.qkv" -> model.layers.3.self_attn.{q,k,v}_proj),
+    read from the model's own checkpoint_map (the loader fuses by it too)."""
+    parts: dict[str, list] = {}
+    for key, (param, part) in model.checkpoint_map().items():
+        if key.endswith(".weight") and param.endswith(".weight"):
+            parts.setdefault(param[:-len(".weight")], []).append((part or 0, key[:-len(".weight")]))
+    return {layer: tuple(k for _, k in sorted(ks)) for layer, ks in parts.items()}
 
 
 def apply(model: nn.Module, path: Path) -> None:
@@ -52,9 +47,10 @@ def apply(model: nn.Module, path: Path) -> None:
     config = config_for(path)
     if config is None:
         return
+    names = checkpoint_names(model)
     for name, module in model.named_modules():
         # upstream quantizes no lm_head (an embedding there, not a linear layer)
-        if isinstance(module, Linear) and name != "lm_head":
-            method = config.method_for(checkpoint_names(name))
+        if isinstance(module, Linear) and name != "lm_head" and name in names:
+            method = config.method_for(names[name])
             if method is not None:
                 method.create_weights(module)

@@ -48,8 +48,11 @@ class W8A8Int8:
 
     def create_weights(self, layer: nn.Module) -> None:
         n, k = layer.weight.shape
+        sizes = getattr(layer.weight, "shard_sizes", None)  # fused parts, for the loader
         layer.weight = _param(torch.empty(n, k, dtype=torch.int8))
         layer.weight_scale = _param(torch.empty(n, 1, dtype=torch.float32))
+        if sizes is not None:
+            layer.weight.shard_sizes = layer.weight_scale.shard_sizes = sizes
         layer.input_scale = _param(torch.empty(1, dtype=torch.float32)) if self.static_input \
             else None
         layer.quant_method = self

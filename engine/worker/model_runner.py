@@ -63,4 +63,4 @@ class ModelRunner:
                                 self._tensor(last, torch.int64))
         finally:
             set_context(None)
-        return sample(logits, [s.params for s in seqs], [s.generator(logits.device) for s in seqs])
+        return sample(logits, seqs, self.model.config.eos_token_ids)

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.openai.serving_tokens import add_token_routes
 from engine.entrypoints.openai.serving_chat import create_chat_completion
 from engine.entrypoints.openai.serving_completion import create_completion
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, error_response
@@ -23,7 +24,8 @@ __all__ = ["ServerState", "build_app"]
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="vllm-engine", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="vllm-engine", docs_url="/docs", redoc_url=None,
+                  openapi_url="/openapi.json")
     app.state.s = state
 
     @app.exception_handler(APIError)
@@ -65,6 +67,12 @@ def build_app(state: ServerState) -> FastAPI:
         if state.llm.dead is not None:
             return error_response(503, f"the engine loop stopped: {state.llm.dead}")
         return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # upstream's load balancer probe: /health by another name
+        return await health()
+
+    add_token_routes(app, state)
 
     @app.get("/metrics")
     async def metrics():

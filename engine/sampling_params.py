@@ -12,7 +12,7 @@ logger = logging.getLogger("engine")
 SAMPLING_EPS = 1e-5  # a temperature below this is greedy (upstream's _SAMPLING_EPS)
 MIN_TEMPERATURE = 1e-2  # a smaller positive one is raised to this (upstream's _MAX_TEMP):
 # dividing logits by 1e-39 overflows to inf, and softmax turns that into nan
-MAX_TEMPERATURE = 2.0
+MAX_TEMPERATURE = 2
 MAX_LOGPROBS = 20  # upstream's default --max-logprobs
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

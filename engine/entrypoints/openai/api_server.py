@@ -39,6 +39,9 @@ def build_app(state: ServerState) -> FastAPI:
         msg = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
             msg = "the request body is not valid JSON"
+        elif loc.split(".")[0] == "prompt":  # the union's own errors name its branches
+            loc, msg = "prompt", ("must be a string, a list of strings, a list of token ids "
+                                  "or a list of token id lists")
         return error_response(400, f"{loc}: {msg}" if loc else msg, loc or None)
 
     @app.exception_handler(StarletteHTTPException)

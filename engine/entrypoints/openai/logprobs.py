@@ -22,8 +22,9 @@ def completion_logprobs(tokenizer, token_ids: list[int], entries: list,
         text = _text(tokenizer, token)
         out["tokens"].append(text)
         out["token_logprobs"].append(_lp(lp))
-        alts = {_text(tokenizer, t): _lp(v) for t, v in top}
-        alts.setdefault(text, _lp(lp))  # upstream lists the sampled token among them
+        alts = {text: _lp(lp)}  # upstream lists the sampled token among them; first, as
+        for t, v in top:        # two ids may decode alike (keys are texts)
+            alts.setdefault(_text(tokenizer, t), _lp(v))
         out["top_logprobs"].append(alts)
         out["text_offset"].append(offset)
         offset += len(text)

@@ -5,9 +5,13 @@ A real server process on 127.0.0.1 (tests/test_serve.py's)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-from test_serve import KEY, PROMPTS, ServerProcess, _error, client, greedy, tiny_model  # noqa: F401
+from helpers import REPO
+from test_serve import KEY, PROMPTS, ServerProcess, client, tiny_model  # noqa: F401
 
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 httpx = pytest.importorskip("httpx2", reason="httpx2 comes with openai")
@@ -178,3 +182,15 @@ def test_upstreams_small_routes(server, tokenizer):
     text = httpx.post(u + "/detokenize", json={"tokens": ids["tokens"]}).json()["prompt"]
     assert text == tokenizer.decode(ids["tokens"], skip_special_tokens=True)
     assert httpx.post(u + "/detokenize", json={"tokens": [10**9]}).status_code == 400
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(tiny_model, server):  # noqa: F811
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "engine.cli", "serve", str(tiny_model),
+                          "--port", str(server.port), "--dtype", "float32",
+                          "--max-model-len", "256"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert f"{server.port}" in res.stderr and "address already in use" in res.stderr, res.stderr

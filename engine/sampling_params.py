@@ -1,36 +1,113 @@
+"""Sampling parameters, checked as upstream vLLM's SamplingParams checks them:
+a bad value is a ValueError naming the field and its allowed range (the
+server turns it into a 400)."""
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
+
+logger = logging.getLogger("engine")
+
+SAMPLING_EPS = 1e-5  # a temperature below this is greedy (upstream's _SAMPLING_EPS)
+MIN_TEMPERATURE = 1e-2  # a smaller positive one is raised to this (upstream's _MAX_TEMP):
+# dividing logits by 1e-39 overflows to inf, and softmax turns that into nan
+MAX_TEMPERATURE = 2
+MAX_LOGPROBS = 20  # upstream's default --max-logprobs
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
 class SamplingParams:
-    """As upstream vLLM's: temperature 0 is greedy."""
+    """As upstream vLLM's: temperature 0 is greedy; seed -1 is unseeded."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: all tokens
-    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and output
+    min_p: float = 0.0
     seed: int | None = None
     max_tokens: int = 16
+    min_tokens: int = 0
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None  # top alternatives per token besides the sampled one
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (all) or >= 1, got {self.top_k}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
+        if self.seed == -1:
+            self.seed = None
+        self._verify()
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            logger.warning("temperature %s is below %s, which overflows the logits; using %s",
+                           self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            self.temperature = MIN_TEMPERATURE
+        if self.temperature < SAMPLING_EPS:
+            self.temperature, self.top_p, self.top_k, self.min_p = 0.0, 1.0, -1, 0.0
+        if self.top_k == 0:
+            self.top_k = -1
+
+    def _verify(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            check(math.isfinite(getattr(self, name)),
+                  f"{name} must be a finite number, got {getattr(self, name)}")
+        check(0 <= self.temperature <= MAX_TEMPERATURE,
+              f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        check(self.top_k >= -1, f"top_k must be 0 or -1 (all tokens) or >= 1, got {self.top_k}")
+        check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
+        check(-2 <= self.presence_penalty <= 2,
+              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        check(-2 <= self.frequency_penalty <= 2,
+              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        check(self.repetition_penalty > 0,
+              f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        check(0 <= self.min_tokens <= self.max_tokens,
+              f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        check(self.seed is None or INT64_MIN <= self.seed <= INT64_MAX,
+              f"seed must be in [{INT64_MIN}, {INT64_MAX}], got {self.seed}")
+        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+              f"stop_token_ids must be non-negative integers, got {self.stop_token_ids}")
+        check(all(isinstance(s, str) and s for s in self.stop),
+              "stop must be non-empty strings")
+        check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+              f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for t, b in (self.logit_bias or {}).items():
+            check(isinstance(t, int) and t >= 0 and math.isfinite(b),
+                  f"logit_bias maps token ids to finite numbers, got {t!r}: {b!r}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the model cannot emit (ValueError)."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids),
+                          ("logit_bias", list(self.logit_bias or {}))):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name}: token ids must be in [0, {vocab_size}), got {bad[:5]}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def needs_processing(self) -> bool:
+        """Anything besides temperature/top-k/top-p: the sampler's slow path."""
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0 or self.logit_bias or self.min_tokens
+                    or self.min_p)
 
 
 def with_model_defaults(requested: dict, model_defaults: dict) -> dict:

@@ -150,6 +150,7 @@ def test_completion_stream_equals_offline_greedy(server, offline):
     (want,) = greedy(offline, PROMPTS[1], 30)
     stream = client(server).completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=30,
                                                temperature=0, stream=True,
+                                               stream_options={"include_usage": True},
                                                extra_body={"ignore_eos": True})
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
@@ -160,7 +161,9 @@ def test_completion_stream_equals_offline_greedy(server, offline):
 def test_raw_stream_ends_with_done(server):
     with httpx.stream("POST", server.url + "/v1/completions", headers={
             "Authorization": f"Bearer {KEY}"}, json={"prompt": "one two", "max_tokens": 5,
-                                                      "stream": True, "temperature": 0}) as r:
+                                                      "stream": True, "temperature": 0,
+                                                      "stream_options": {"include_usage": True}}
+                      ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
@@ -179,6 +182,7 @@ def test_chat_equals_offline_greedy_streamed_and_not(server, offline, tiny_model
     assert full.usage.prompt_tokens == len(chat_ids(tiny_model, messages))
     stream = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=20,
                                             temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
                                             extra_body={"ignore_eos": True}))
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == want.text
@@ -198,8 +202,8 @@ def test_sampling_fields(server, offline):
     (g,) = greedy(offline, PROMPTS[0], 12)
     assert sample(temperature=0.8, top_k=1, seed=1)[0].text == g.text
     assert sample(temperature=0.8, top_p=1e-6, seed=1)[0].text == g.text
-    n3 = sample(temperature=0, n=3)
-    assert sorted(ch.index for ch in n3) == [0, 1, 2] and {ch.text for ch in n3} == {g.text}
+    n3 = sample(temperature=1.0, n=3, seed=7)  # (greedy with n > 1 is a 400, as upstream)
+    assert sorted(ch.index for ch in n3) == [0, 1, 2] and len({ch.text for ch in n3}) > 1
     word = g.text.strip()[2:6]
     stopped = sample(temperature=0, stop=[word])[0]
     assert stopped.finish_reason == "stop" and word not in stopped.text
@@ -338,8 +342,8 @@ def test_bad_requests_get_openai_errors(server):
            openai.BadRequestError, 400, "the model's context is")
     _error(lambda: c.completions.create(model="tiny", prompt=[10**9]),
            openai.BadRequestError, 400, "token ids must be integers")
-    _error(lambda: c.completions.create(model="tiny", prompt="x", logprobs=2),
-           openai.BadRequestError, 400, "logprobs is not supported")
+    _error(lambda: c.completions.create(model="tiny", prompt="x", suffix="y"),
+           openai.BadRequestError, 400, "suffix is not supported")
     _error(lambda: c.chat.completions.create(model="tiny", messages=[]),
            openai.BadRequestError, 400, "messages")
     _error(lambda: c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
@@ -390,15 +394,3 @@ def test_a_signal_stops_the_server_cleanly(tiny_model, sig):
         assert "Traceback" not in s.output()
     finally:
         s.close()
-
-
-def test_a_port_in_use_is_one_line_and_exit_1(tiny_model, server):
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "engine.cli", "serve", str(tiny_model),
-                          "--port", str(server.port), "--dtype", "float32",
-                          "--max-model-len", "256"], env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 1, res.stderr
-    assert "Traceback" not in res.stderr + res.stdout
-    assert f"{server.port}" in res.stderr and "address already in use" in res.stderr, res.stderr

@@ -28,7 +28,9 @@ class RequestUpdate:
 
     new_token_ids: list[int]
     finish_reason: str | None = None  # set on the last update
-    text: str | None = None  # final text when stop strings cut it (else decode the ids)
+    text: str | None = None  # the whole output's text, on the last update
+    logprobs: list | None = None  # the new tokens' (logprob, top) when the request asks
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
 
 
 @dataclass
@@ -42,6 +44,10 @@ class _Stream:
 
 class EngineDeadError(RuntimeError):
     pass
+
+
+class RequestFailedError(RuntimeError):
+    """A step that ran this request raised: the request ends, the engine goes on."""
 
 
 class AsyncLLM:
@@ -96,7 +102,14 @@ class AsyncLLM:
                 urgent = True
                 if core.has_unfinished():
                     t0 = clock()
-                    urgent = self._publish(core.step())
+                    core.last_scheduled = []
+                    try:
+                        stepped = core.step()
+                    except Exception as exc:  # noqa: BLE001 - fail its requests, not the engine
+                        logger.exception("a step failed; its requests fail, the engine goes on")
+                        self._fail(core.last_scheduled or list(core.requests.values()), exc)
+                        stepped = []
+                    urgent = self._publish(stepped)
                     pacer.stepped(clock() - t0)
                 if self.stats is not None:
                     self.stats.on_step(core)
@@ -138,8 +151,10 @@ class AsyncLLM:
                 while not stream.queue.empty() and isinstance(update, RequestUpdate):
                     # steps handed over together, or a reader that fell behind: one update
                     more = stream.queue.get_nowait()
-                    update = more if isinstance(more, BaseException) else RequestUpdate(
-                        update.new_token_ids + more.new_token_ids, more.finish_reason, more.text)
+                    update = more if isinstance(more, BaseException) else _merged(update, more)
+                if isinstance(update, RequestFailedError):
+                    finished = True  # the engine dropped it already
+                    raise update
                 if isinstance(update, BaseException):
                     raise EngineDeadError(f"the engine loop stopped: {update}")
                 finished = update.finish_reason is not None
@@ -150,6 +165,10 @@ class AsyncLLM:
             if not finished:
                 self.abort(seq.request_id)
 
+    def num_requests(self) -> int:
+        """Requests added and not yet finished (upstream's server load)."""
+        return len(self._streams)
+
     def abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
             self._aborts.append(request_id)
@@ -158,6 +177,15 @@ class AsyncLLM:
     def _wake(self) -> None:
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
+        error = RequestFailedError(f"the request failed in the engine: "
+                                   f"{type(exc).__name__}: {exc}")
+        for seq in seqs:
+            self.core.abort(seq.request_id)
+            stream = self._streams.pop(seq.request_id, None)
+            if stream is not None:
+                stream.queue.put_nowait(error)
 
     def _publish(self, seqs: list[Sequence]) -> bool:
         """Queue each sequence's new token for its reader; True when one of
@@ -174,12 +202,20 @@ class AsyncLLM:
                 urgent = True
             elif seq.num_output_tokens == 1:
                 urgent = True
-            text = self.core.output_text(seq) if reason and seq.params.stop else None
-            update = RequestUpdate([seq.token_ids[-1]], reason, text)
+            text = self.core.output_text(seq) if reason else None
+            logprobs = seq.logprobs[-1:] if seq.params.logprobs is not None else None
+            update = RequestUpdate([seq.token_ids[-1]], reason, text, logprobs,
+                                   seq.stop_string if reason else None)
             if self.stats is not None:
                 self.stats.on_token(stream, now, reason)
             stream.queue.put_nowait(update)
         return urgent
+
+
+def _merged(a: RequestUpdate, b: RequestUpdate) -> RequestUpdate:
+    logprobs = None if a.logprobs is None else a.logprobs + b.logprobs
+    return RequestUpdate(a.new_token_ids + b.new_token_ids, b.finish_reason, b.text, logprobs,
+                         b.stop_reason)
 
 
 async def _readers_ran(loop: asyncio.AbstractEventLoop) -> None:

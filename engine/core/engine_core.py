@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from engine.core.detokenizer import output_text
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
@@ -31,6 +32,7 @@ class EngineCore:
         self.executor = UniProcExecutor(c, self.blocks)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens)
         self.requests: dict[str, Sequence] = {}
+        self.last_scheduled: list[Sequence] = []
 
     # ---- requests ------------------------------------------------------------
 
@@ -47,6 +49,7 @@ class EngineCore:
                 raise ValueError(f"prompt {index}: token ids must be integers in [0, {vocab})")
         if not ids:
             raise ValueError(f"prompt {index} is empty")
+        params.check_vocab(self.config.vocab_size)
         if len(ids) + 1 > self.max_model_len:
             raise ValueError(f"prompt {index} has {len(ids)} tokens; the model's context is "
                              f"{self.max_model_len}")
@@ -73,6 +76,7 @@ class EngineCore:
         """Run one batch; returns the sequences that got a token (the newest is
         token_ids[-1]); finished ones have finish_reason set and are gone."""
         seqs, is_prefill = self.scheduler.schedule()
+        self.last_scheduled = seqs  # a step that raises fails these requests (AsyncLLM)
         if not seqs:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
         for seq, token in zip(seqs, self.executor.execute_model(seqs, is_prefill)):
@@ -85,8 +89,12 @@ class EngineCore:
         return seqs
 
     def output_text(self, seq: Sequence) -> str:
-        """The output's text: cut at the stop string when one matched."""
-        return seq.text if seq.params.stop else self.tokenizer.decode(seq.output_token_ids)
+        """The output's text, joined to the prompt as transformers decodes it;
+        cut at the stop string when one matched."""
+        if isinstance(seq.stop_string, str):
+            return seq.text
+        return output_text(self.tokenizer, seq.token_ids[:seq.num_prompt_tokens],
+                           seq.output_token_ids)
 
 
 def _tokenizer(path):

@@ -24,6 +24,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
         self.text = ""
+        self.stop_string: str | int | None = None  # what stopped it (upstream's stop_reason)
+        self.detokenizer = None  # made by check_stop when the request has stop strings
+        self.logprobs: list = []  # per output token, when params.logprobs is set (sampler)
         self._generator: torch.Generator | None = None
 
     def __len__(self) -> int:

@@ -8,11 +8,12 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.forward_context import ForwardContext, set_context
 from engine.model_executor.layers.sampler import sample
+from engine.model_executor.models.llama import LlamaForCausalLM
 from engine.platforms import cpu_hugepages
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, blocks: BlockManager, dtype: torch.dtype,
+    def __init__(self, model: LlamaForCausalLM, blocks: BlockManager, dtype: torch.dtype,
                  device: torch.device):
         self.model, self.blocks, self.device = model, blocks, device
         c = model.config
@@ -62,5 +63,4 @@ class ModelRunner:
                                 self._tensor(last, torch.int64))
         finally:
             set_context(None)
-        return sample(logits, [s.params for s in seqs], [s.generator(logits.device) for s in seqs],
-                      [s.token_ids for s in seqs])
+        return sample(logits, seqs, self.model.config.eos_token_ids)

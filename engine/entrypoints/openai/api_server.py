@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.openai.serving_tokens import add_token_routes
 from engine.entrypoints.openai.serving_chat import create_chat_completion
 from engine.entrypoints.openai.serving_completion import create_completion
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, error_response
@@ -23,7 +24,8 @@ __all__ = ["ServerState", "build_app"]
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="vllm-engine", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="vllm-engine", docs_url="/docs", redoc_url=None,
+                  openapi_url="/openapi.json")
     app.state.s = state
 
     @app.exception_handler(APIError)
@@ -37,6 +39,9 @@ def build_app(state: ServerState) -> FastAPI:
         msg = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
             msg = "the request body is not valid JSON"
+        elif loc.split(".")[0] == "prompt":  # the union's own errors name its branches
+            loc, msg = "prompt", ("must be a string, a list of strings, a list of token ids "
+                                  "or a list of token id lists")
         return error_response(400, f"{loc}: {msg}" if loc else msg, loc or None)
 
     @app.exception_handler(StarletteHTTPException)
@@ -65,6 +70,12 @@ def build_app(state: ServerState) -> FastAPI:
         if state.llm.dead is not None:
             return error_response(503, f"the engine loop stopped: {state.llm.dead}")
         return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # upstream's load balancer probe: /health by another name
+        return await health()
+
+    add_token_routes(app, state)
 
     @app.get("/metrics")
     async def metrics():

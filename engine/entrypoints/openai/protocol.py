@@ -1,71 +1,143 @@
-"""Request bodies of the OpenAI API as far as the engine serves them. Fields the
-engine cannot honour are refused by name (400) rather than silently ignored;
-fields it has no use for (user, metadata, ...) are accepted and ignored."""
+"""Request bodies of the OpenAI API as upstream vLLM serves them. A field the
+engine implements is applied; one it does not (beam search, guided decoding,
+tools, suffix, ...) is refused by name (400) when set to anything but its
+default, never silently ignored; fields that change nothing about the answer
+(user, metadata, ...) and unknown ones are ignored, as upstream ignores them.
+Numbers and ids are strict: "1" is not an int, true is not a token id."""
 from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from engine.sampling_params import SamplingParams, with_model_defaults
+from engine.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, SAMPLING_EPS,
+                                    SamplingParams, with_model_defaults)
+
+Seed = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = True
-    continuous_usage_stats: bool = False
+    include_usage: StrictBool | None = True
+    continuous_usage_stats: StrictBool | None = False
+
+
+def _is_set(value, default) -> bool:
+    return value is not None and value != default
+
+
+# name -> the value that means "unset" (anything else is refused by name)
+REFUSED_COMMON = {"use_beam_search": False, "best_of": None, "length_penalty": 1.0,
+                  "prompt_logprobs": None, "allowed_token_ids": None, "bad_words": [],
+                  "truncate_prompt_tokens": None, "guided_json": None, "guided_regex": None,
+                  "guided_choice": None, "guided_grammar": None, "structured_outputs": None,
+                  "skip_special_tokens": True, "logits_processors": None,
+                  "return_tokens_as_token_ids": None, "logprob_token_ids": None}
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # unknown fields are ignored (refused ones named)
 
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    n: int = Field(default=1, ge=1, le=128)
-    stream: bool = False
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: StrictInt | None = None
+    min_p: float | None = None
+    seed: StrictInt | None = Seed
+    stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: StrictBool = False
+    n: StrictInt = Field(default=1, ge=1, le=128)
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    # refused when set: the engine does not compute them
-    logprobs: object = None
-    logit_bias: dict | None = None
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = Field(default=0, ge=0)
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict | None = None
+    user: StrictStr | None = None
 
     def unsupported(self) -> str | None:
-        if self.logprobs not in (None, False, 0):
-            return "logprobs"
-        if self.logit_bias:
-            return "logit_bias"
-        if self.presence_penalty:
-            return "presence_penalty"
-        if self.frequency_penalty:
-            return "frequency_penalty"
+        """The first field set that this engine does not implement."""
+        extra = self.model_extra or {}
+        for name, default in {**REFUSED_COMMON, **self.refused()}.items():
+            value = extra.get(name, getattr(self, name, None))
+            if _is_set(value, default):
+                return name
+        rf = self.response_format
+        if rf is not None and rf.get("type") != "text":
+            return "response_format"
         return None
+
+    def refused(self) -> dict:
+        return {}
+
+    def check(self) -> None:
+        """Cross-field rules upstream enforces (ValueError naming the field)."""
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream=true")
+        if self.n > 1 and self.temperature is not None and self.temperature < SAMPLING_EPS:
+            raise ValueError(f"n must be 1 when using greedy sampling (temperature 0), "
+                             f"got {self.n}")
+
+    def num_logprobs(self) -> int | None:
+        return None
+
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        out = {}
+        for key, bias in self.logit_bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise ValueError(f"logit_bias: keys are token ids, got {key!r}") from None
+            out[token] = min(100.0, max(-100.0, bias))  # upstream clamps as OpenAI documents
+        return out
 
     def sampling_params(self, max_tokens: int, index: int = 0,
                         model_defaults: dict | None = None) -> SamplingParams:
         """model_defaults: the checkpoint's generation_config.json fields, for
         those the request leaves unset (engine.sampling_params.with_model_defaults)."""
-        # n > 1 with a seed: each choice gets its own stream of random numbers
-        seed = None if self.seed is None else self.seed + index
+        seed = self.seed
+        if seed is not None and seed != -1 and index:
+            # n > 1: each choice its own stream of numbers, wrapped within int64
+            seed = (seed + index - INT64_MIN) % 2**64 + INT64_MIN
         fields = with_model_defaults(
-            {"temperature": self.temperature, "top_p": self.top_p,
-             "top_k": -1 if self.top_k == 0 else self.top_k,
+            {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
              "repetition_penalty": self.repetition_penalty}, model_defaults or {})
         return SamplingParams(
-            **fields, seed=seed, max_tokens=max_tokens, stop=self.stop,
-            stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos)
+            **fields, min_p=self.min_p or 0.0, seed=seed, max_tokens=max_tokens,
+            min_tokens=self.min_tokens, stop=self.stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=self.logit_bias_ids(), logprobs=self.num_logprobs())
+
+
+Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    echo: bool = False
+    prompt: Prompt
+    echo: StrictBool | None = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    suffix: StrictStr | None = None
+
+    def refused(self) -> dict:
+        return {"suffix": None}
+
+    def check(self) -> None:
+        super().check()
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs needs the prompt's logprobs, which this "
+                             "engine does not compute; drop one of them")
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list:
         p = self.prompt
@@ -84,12 +156,33 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: passed to the template
 
-    role: str
-    content: Union[str, list[dict], None] = None
+    role: StrictStr
+    content: Union[StrictStr, list[dict], None] = None
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    add_generation_prompt: bool = True
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict | None = None
+    tools: list | None = None
+    tool_choice: object = None
+
+    def refused(self) -> dict:
+        return {"tools": None, "functions": None, "function_call": None, "echo": False,
+                "continue_final_message": False, "chat_template": None, "documents": None,
+                "audio": None, "prediction": None,
+                "tool_choice": None if self.tool_choice != "none" else "none"}
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: only with logprobs=true")
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens

@@ -27,6 +27,7 @@ def serve(args) -> int:
                       max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens,
                       max_model_len=args.max_model_len)
+    warm = warm_up(core)
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)
     metrics = Metrics(names[0])
@@ -38,9 +39,9 @@ def serve(args) -> int:
     if template is None:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        core.path)
-    logger.info("engine ready in %.1f s (%s, max_model_len %d, %d KV blocks of %d tokens)",
-                time.perf_counter() - t0, core.dtype, core.max_model_len, core.blocks.num_blocks,
-                core.blocks.block_size)
+    logger.info("engine ready in %.1f s, warm-up %.2f s of it (%s, max_model_len %d, "
+                "%d KV blocks of %d tokens)", time.perf_counter() - t0, warm, core.dtype,
+                core.max_model_len, core.blocks.num_blocks, core.blocks.block_size)
     app = build_app(state)
     # as upstream's EngineCore: the start-up heap (torch, the model, FastAPI) is
     # hundreds of thousands of objects that live until exit, and every oldest-
@@ -65,6 +66,29 @@ def serve(args) -> int:
         return asyncio.run(_serve(server, llm))
     finally:
         gc.unfreeze()  # a caller in the same process (tests) gets its heap back
+
+
+def warm_up(core) -> float:
+    """A short prefill and a few batched decode steps, greedy and sampled,
+    before /health says 200: the first requests then find the kernels chosen,
+    the weights packed and the allocator grown (seconds, not minutes: a few
+    steps of the smallest shapes of each kind). The seconds it took."""
+    from engine.sampling_params import SamplingParams
+
+    t0 = time.perf_counter()
+    ids = core.tokenizer.encode("warm up " * 16).ids[:max(1, core.max_model_len // 2)] or [0]
+    steps = min(WARM_UP_TOKENS, core.max_model_len - len(ids) - 1)
+    if steps >= 1:
+        for i, temperature in enumerate((0.0, 1.0)):
+            core.add(core.make_sequence(f"warm-up-{i}", ids[:len(ids) - 4 * i] or ids,
+                                        SamplingParams(temperature=temperature, seed=0,
+                                                       max_tokens=steps, ignore_eos=True)))
+        while core.has_unfinished():
+            core.step()
+    return time.perf_counter() - t0
+
+
+WARM_UP_TOKENS = 4
 
 
 async def _serve(server, llm) -> int:

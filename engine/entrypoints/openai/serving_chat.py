@@ -5,12 +5,17 @@ from __future__ import annotations
 from fastapi import Request
 
 from engine.entrypoints import chat_utils
+from engine.entrypoints.openai.logprobs import chat_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState,
                                                       StreamedText, check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
-                                                      unless_disconnected, usage, wants_usage)
+                                                      unless_disconnected, usage,
+                                                      usage_per_chunk, wants_usage)
+
+# the template's own arguments: chat_template_kwargs may not name them
+RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest,
@@ -20,19 +25,23 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         raise APIError(400, "this model has no chat template (none in its "
                        "tokenizer_config.json or chat_template.jinja); use /v1/completions "
                        "or start the server with --chat-template FILE", "messages")
+    kwargs = body.chat_template_kwargs or {}
+    clash = sorted(RESERVED_KWARGS & set(kwargs))
+    if clash:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(clash)}: give them "
+                       f"as the request's own fields", "chat_template_kwargs")
     try:
         text = chat_utils.render(state.chat_template, _messages(body),
                                  add_generation_prompt=body.add_generation_prompt,
-                                 tokens=state.special_tokens, tools=None, documents=None,
-                                 **(body.chat_template_kwargs or {}))
+                                 tokens={**state.special_tokens, **kwargs}, tools=None,
+                                 documents=None)
     except chat_utils.ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages") from None
     # as transformers' apply_chat_template(tokenize=True): the template
     # already wrote the special tokens it wants
     ids = state.llm.core.tokenizer.encode(text, add_special_tokens=False).ids
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    seqs = make_sequences(state, body, ids, 0,
-                          max_tokens or max(state.max_model_len - len(ids), 1))
+    seqs = make_sequences(state, body, ids, 0, body.max_new_tokens(),
+                          lambda n: state.max_model_len - n)
     if body.stream:
         return sse(_stream(state, seqs, name, body))
     return await unless_disconnected(request, _full(state, seqs, name))
@@ -54,26 +63,35 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def _logprobs(state, ids, entries):
+    return None if entries is None else chat_logprobs(state.llm.core.tokenizer, ids, entries)
+
+
 async def _full(state: ServerState, seqs, name: str):
     dead = await run_to_end(state, seqs)
     if dead is not None:
         return error_response(500, dead)
     choices = [{"index": i, "message": {"role": "assistant",
                                         "content": state.llm.core.output_text(s)},
-                "logprobs": None, "finish_reason": s.finish_reason}
+                "logprobs": _logprobs(state, s.output_token_ids,
+                                      s.logprobs if s.params.logprobs is not None else None),
+                "finish_reason": s.finish_reason, "stop_reason": s.stop_string}
                for i, s in enumerate(seqs)]
     return full_answer("chatcmpl", "chat.completion", name, choices, seqs)
 
 
 async def _stream(state: ServerState, seqs, name: str, body):
     chunk = Chunks("chatcmpl", "chat.completion.chunk", name)
+    live_usage = usage_per_chunk(body, seqs)
     texts = [StreamedText(state.llm.core.tokenizer, s) for s in seqs]
     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None} for i in range(len(seqs))])
+                  "finish_reason": None} for i in range(len(seqs))], live_usage())
     async for i, update in run(state, seqs):
         delta = texts[i].add(update)
-        if delta or update.finish_reason is not None:
+        lp = _logprobs(state, update.new_token_ids, update.logprobs)
+        if delta or lp or update.finish_reason is not None:
             yield chunk([{"index": i, "delta": {"content": delta} if delta else {},
-                          "logprobs": None, "finish_reason": update.finish_reason}])
+                          "logprobs": lp, "finish_reason": update.finish_reason,
+                          "stop_reason": update.stop_reason}], live_usage())
     if wants_usage(body):
         yield chunk([], usage(seqs))

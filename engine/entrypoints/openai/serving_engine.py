@@ -14,7 +14,8 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.core.async_llm import AsyncLLM, EngineDeadError
+from engine.core.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
+from engine.core.detokenizer import IncrementalDetokenizer
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
 
@@ -62,23 +63,40 @@ def check_request(state: ServerState, body: _Sampling) -> str:
     bad = body.unsupported()
     if bad:
         raise APIError(400, f"{bad} is not supported by this engine; leave it unset", bad)
+    try:
+        body.check()
+    except ValueError as exc:
+        raise APIError(400, str(exc), str(exc).split(" ")[0].rstrip(":")) from None
     return body.model or state.model_names[0]
 
 
 def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: int,
-                   max_tokens: int) -> list:
+                   max_tokens: int | None, default_max_tokens) -> list:
+    """body.n sequences of one prompt. max_tokens: what the request asked
+    for (checked against the context), None for default_max_tokens(prompt
+    length)."""
     llm = state.llm
     try:
         defaults = llm.core.config.generation_defaults
-        seqs = [llm.make_sequence(prompt, body.sampling_params(max_tokens, j, defaults),
-                                  prompt_index) for j in range(body.n)]
+        params = [body.sampling_params(max_tokens or max(body.min_tokens, 1), j, defaults)
+                  for j in range(body.n)]
+    except ValueError as exc:
+        raise APIError(400, str(exc), str(exc).split(" ")[0].rstrip(":")) from None
+    try:
+        seqs = [llm.make_sequence(prompt, p, prompt_index) for p in params]
     except ValueError as exc:
         raise APIError(400, str(exc), "prompt") from None
-    room = state.max_model_len - seqs[0].num_prompt_tokens
-    if max_tokens > room and body.max_tokens is not None:
-        raise APIError(400, f"max_tokens ({max_tokens}) plus the prompt's "
-                       f"{seqs[0].num_prompt_tokens} tokens exceeds the model's context "
-                       f"({state.max_model_len}); ask for at most {room}", "max_tokens")
+    n = seqs[0].num_prompt_tokens
+    room = state.max_model_len - n
+    if max_tokens is None:
+        max_tokens = max(1, min(default_max_tokens(n), room))
+        for s in seqs:
+            s.params.max_tokens = max_tokens
+            s.params.min_tokens = min(s.params.min_tokens, max_tokens)
+    elif max_tokens > room:
+        raise APIError(400, f"max_tokens ({max_tokens}) plus the prompt's {n} tokens exceeds "
+                       f"the model's context ({state.max_model_len}); ask for at most {room}",
+                       "max_tokens")
     return seqs
 
 
@@ -90,7 +108,16 @@ def usage(seqs) -> dict:
 
 
 def wants_usage(body) -> bool:
-    return body.stream_options is None or body.stream_options.include_usage
+    """The final usage chunk of a stream: only when asked for, as upstream and OpenAI."""
+    return body.stream_options is not None and bool(body.stream_options.include_usage)
+
+
+def usage_per_chunk(body, seqs):
+    """continuous_usage_stats: the usage so far on every chunk (else None)."""
+    o = body.stream_options
+    if o is not None and o.include_usage and o.continuous_usage_stats:
+        return lambda: usage(seqs)
+    return lambda: None
 
 
 # ---- running -----------------------------------------------------------------
@@ -134,7 +161,7 @@ async def run_to_end(state: ServerState, seqs) -> str | None:
     try:
         async for _ in run(state, seqs):  # the text comes from output_text at the end
             pass
-    except EngineDeadError as exc:
+    except (EngineDeadError, RequestFailedError) as exc:
         return str(exc)
     return None
 
@@ -163,25 +190,18 @@ class StreamedText:
     Rust, not the whole output again."""
 
     def __init__(self, tokenizer, seq):
-        from tokenizers.decoders import DecodeStream
-
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
         self.text = ""           # the stable text decoded so far
-        self.stream = DecodeStream(skip_special_tokens=True)  # as Tokenizer.decode
+        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids[:seq.num_prompt_tokens])
         self.sent = 0
-        self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
+        p = seq.params
+        self.hold = 0 if p.include_stop_str_in_output else max(map(len, p.stop), default=1) - 1
 
     def add(self, update) -> str:
-        self.ids += update.new_token_ids
-        if update.finish_reason is not None:
-            text = update.text if update.text is not None else self.tokenizer.decode(self.ids)
+        if update.finish_reason is not None:  # the engine's whole text (cut at a stop string)
+            text = update.text
             end = len(text)
         else:
-            for i in update.new_token_ids:
-                piece = self.stream.step(self.tokenizer, i)
-                if piece:
-                    self.text += piece
+            self.text += self.detokenizer.add(update.new_token_ids)
             text = self.text
             end = len(text) - self.hold
         delta = text[self.sent:end] if end > self.sent else ""
@@ -213,7 +233,7 @@ def sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
         try:
             async for chunk in chunks:
                 yield b"data: %s\n\n" % json.dumps(chunk, separators=(",", ":")).encode()
-        except EngineDeadError as exc:
+        except (EngineDeadError, RequestFailedError) as exc:
             yield f"data: {json.dumps(error_body(500, str(exc)))}\n\n"
         yield "data: [DONE]\n\n"
 

@@ -1,0 +1,60 @@
+"""A step that raises fails the requests it ran, never the engine loop."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from engine.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny):
+    """A step that raises (here: the prefill of one poisoned request) ends
+    the requests of that step with the cause; a request already decoding in
+    other steps, and every later one, are answered; the loop never dies."""
+    from engine.core.async_llm import AsyncLLM, RequestFailedError
+    from engine.core.engine_core import EngineCore
+    from engine.sampling_params import SamplingParams
+
+    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
+                      bind_threads=False)
+    llm = AsyncLLM(core)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    execute = core.executor.execute_model
+
+    def breaks(seqs, is_prefill):
+        if any(s.prompt == "poison" for s in seqs):
+            raise RuntimeError("kernel fault")
+        return execute(seqs, is_prefill)
+
+    core.executor.execute_model = breaks
+
+    async def read(prompt, delay=0.0):
+        await asyncio.sleep(delay)
+        ids = []
+        try:
+            async for u in llm.generate(llm.make_sequence(prompt, params)):
+                ids += u.new_token_ids
+        except RequestFailedError as exc:
+            return ids, str(exc)
+        return ids, None
+
+    async def main():
+        run = asyncio.ensure_future(llm.run())
+        got = await asyncio.wait_for(asyncio.gather(read("one two"), read("poison", 0.05)), 60)
+        later = await asyncio.wait_for(read("three"), 60)
+        llm.shutdown()
+        await asyncio.wait_for(run, 30)
+        return got, later
+
+    (a, poisoned), later = asyncio.run(main())
+    assert a == (a[0], None) and len(a[0]) == 30
+    assert poisoned == ([], "the request failed in the engine: RuntimeError: kernel fault")
+    assert len(later[0]) == 30 and later[1] is None
+    assert llm.dead is None
+    assert core.blocks.num_free == core.blocks.num_blocks

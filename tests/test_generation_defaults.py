@@ -39,7 +39,8 @@ def test_generation_config_defaults_offline(llama, tmp_path):
          "eos_token_id": [2, 5]}))
     llm = make_llm(d)
     p = llm.get_default_sampling_params()
-    assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (0.0, 0.9, -1, 1.3)
+    # greedy (temperature 0) resets top_p/top_k as upstream's SamplingParams does
+    assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (0.0, 1.0, -1, 1.3)
     assert llm.core.config.eos_token_ids == (2, 5)
     # no SamplingParams: the checkpoint's (greedy, penalised) ones
     outs = llm.generate(PROMPTS[:2])
@@ -63,8 +64,8 @@ def test_server_requests_take_unset_fields_from_the_model():
     defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1}
     p = CompletionRequest(prompt="x").sampling_params(8, 0, defaults)
     assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (0.6, 0.9, 20, 1.1)
-    p = CompletionRequest(prompt="x", temperature=0, top_k=0).sampling_params(8, 0, defaults)
-    assert (p.temperature, p.top_k, p.top_p) == (0, -1, 0.9)  # set fields win, 0 is "all"
+    p = CompletionRequest(prompt="x", temperature=0.5, top_k=0).sampling_params(8, 0, defaults)
+    assert (p.temperature, p.top_k, p.top_p) == (0.5, -1, 0.9)  # set fields win, 0 is "all"
     p = CompletionRequest(prompt="x").sampling_params(8)
     assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (1.0, 1.0, -1, 1.0)
     assert with_model_defaults({"top_p": None}, {}) == {}

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
+from engine.model_executor.layers.parallel import checkpoint_slice
 from engine.model_executor.models.llama import LlamaForCausalLM
+from engine.model_executor.shard_reader import read_slice_into
 
 # checkpoint name suffix -> (our parameter, shard index in a fused parameter)
 _FUSED = {
@@ -106,7 +108,11 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
                         continue
                     dest = params[target] if isinstance(target, str) else target
                     view = dest if rows is None else dest[rows[0]:rows[1]]
-                    _read_into(f, file.name, key, info, view)
+                    part = checkpoint_slice(model.config, key)  # tensor parallel: this rank's
+                    if part is None:
+                        _read_into(f, file.name, key, info, view)
+                    else:
+                        read_slice_into(f, file.name, key, info, view, *part)
                     loaded.add(target if isinstance(target, str) else key)
     missing = [n for n in params if n not in loaded]
     if missing:

@@ -3,12 +3,12 @@ norms) over packed tokens: [tokens, hidden], sequences back to back."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
 from engine.model_executor.layers.activation import SiluAndMul
 from engine.model_executor.layers.attention import Attention
+from engine.model_executor.layers import parallel
 from engine.model_executor.layers.linear import Linear
 from engine.model_executor.layers.norm import RMSNorm
 from engine.model_executor.layers.rotary import RotaryEmbedding
@@ -48,9 +48,9 @@ class DecoderLayer(nn.Module):
             q = self.q_norm(q.reshape(-1, hd)).view(-1, self.q_size)
             k = self.k_norm(k.reshape(-1, hd)).view(-1, self.kv_size)
         self.rotary(positions, q, k)  # in place, through the strided views of qkv
-        x = self.o_proj(self.attn(q, k, v))
+        x = parallel.reduce(self.o_proj(self.attn(q, k, v)))
         x, residual = self.post_attention_layernorm(x, residual)
-        x = self.down(self.act(self.gate_up(x)))
+        x = parallel.reduce(self.down(self.act(self.gate_up(x))))
         return x, residual
 
 
@@ -58,23 +58,26 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, c: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.config = c
-        self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype)
+        vocab = parallel.vocab_range(c.vocab_size)[2]  # this rank's rows (all with one rank)
+        self.embed_tokens = _param(vocab, c.hidden_size, dtype=dtype)
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_theta, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(c, rotary, dtype) for _ in range(c.num_layers))
+        local = parallel.local_config(c)
+        self.layers = nn.ModuleList(DecoderLayer(local, rotary, dtype)
+                                    for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.lm_head = Linear(c.hidden_size, c.vocab_size, False, dtype)
+        self.lm_head = Linear(c.hidden_size, vocab, False, dtype)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 last_token_index: torch.Tensor) -> torch.Tensor:
         """Logits of the tokens at last_token_index (one per sequence)."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = parallel.embed(input_ids, self.embed_tokens)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
-        return self.lm_head(x[last_token_index])
+        return parallel.gather_logits(self.lm_head(x[last_token_index]), self.config.vocab_size)
 
     def prepare_linear(self, mode: str) -> None:
         """Every linear layer's weight laid out for `mode` (engine.platforms.cpu_features)."""

@@ -14,6 +14,10 @@ from datetime import timedelta
 COLLECTIVE_TIMEOUT_S = 120
 
 
+class RankDiedError(RuntimeError):
+    """A tensor-parallel rank is gone; the engine cannot step again."""
+
+
 @dataclass(frozen=True)
 class DistInit:
     """How a rank joins the group: the address of rank 0's TCP store."""

@@ -21,7 +21,7 @@ from multiprocessing.connection import wait
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed import parallel_state
-from engine.distributed.parallel_state import DistInit, free_port
+from engine.distributed.parallel_state import DistInit, RankDiedError, free_port
 from engine.engine_args import EngineConfig
 from engine.executor.uniproc_executor import build_runner
 from engine.model_executor.layers.sampler import sample
@@ -29,10 +29,6 @@ from engine.platforms import cpu_binding, cpu_preload
 from engine.worker import tp_worker
 
 logger = logging.getLogger("engine")
-
-
-class RankDiedError(RuntimeError):
-    """A tensor-parallel rank is gone; the engine cannot step again."""
 
 
 class MultiprocExecutor:

@@ -127,6 +127,9 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | Non
                          "(processes on this machine) or ray (a Ray cluster)")
     if tp == 1:
         return None
+    if backend == "ray":
+        raise ValueError("distributed_executor_backend 'ray' is not available yet; use mp "
+                         "(processes on this machine)")
     if backend == "uni":
         raise ValueError(f"distributed_executor_backend 'uni' runs one rank; "
                          f"tensor_parallel_size {tp} needs mp or ray")

@@ -118,6 +118,8 @@ def test_each_rank_gets_its_slices(monkeypatch):
     assert checkpoint_slice(c, "model.layers.0.self_attn.o_proj.weight") == (1, 48, 64)
     assert checkpoint_slice(c, "model.layers.0.mlp.down_proj.weight") == (1, 96, 128)
     assert checkpoint_slice(c, "model.layers.0.input_layernorm.weight") is None
+    monkeypatch.setattr(parallel_state, "_rank", 1)  # KV head 0 serves ranks 0 and 1
+    assert checkpoint_slice(c, "model.layers.1.self_attn.v_proj.weight") == (0, 0, 16)
 
 
 def test_bad_parallel_args_are_one_line(tmp_path):

@@ -3,7 +3,7 @@ ranks (one CPU each) for one hidden state up to a batch of them, and decode
 tok/s of -tp 2 (one core per rank) against one rank with two threads, at 1
 and 16 requests, on the small random Llama of benchmarks/models.py.
 
-    python benchmarks/parallel.py [--size small] [--output-len 64]
+    python -m benchmarks.parallel [--size small] [--output-len 64]
 
 On a 2-core machine the point is overhead, not speed-up; other processes on
 the machine make every figure noisy."""

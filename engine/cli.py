@@ -31,8 +31,8 @@ def parallel_args(p: argparse.ArgumentParser) -> None:
                    help="ranks the model is split over (one process each; pin them with "
                    "VLLM_CPU_OMP_THREADS_BIND='0-31|32-63')")
     p.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
-                   help="mp: processes on this machine (default with -tp > 1); ray: not "
-                   "available yet")
+                   help="mp: processes on this machine (default with -tp > 1); ray: a Ray "
+                   "cluster ($RAY_ADDRESS or a local one)")
 
 
 def generate(args) -> int:

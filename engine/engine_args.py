@@ -128,8 +128,11 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | Non
     if tp == 1:
         return None
     if backend == "ray":
-        raise ValueError("distributed_executor_backend 'ray' is not available yet; use mp "
-                         "(processes on this machine)")
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("distributed_executor_backend 'ray' needs the ray package: "
+                             "pip install -r requirements/ray.txt")
     if backend == "uni":
         raise ValueError(f"distributed_executor_backend 'uni' runs one rank; "
                          f"tensor_parallel_size {tp} needs mp or ray")

@@ -1,5 +1,5 @@
 """The executor an EngineConfig asks for: one process, processes on this
-machine (mp)."""
+machine (mp) or a Ray cluster (ray)."""
 from __future__ import annotations
 
 from engine.core.kv_cache_manager import BlockManager
@@ -12,6 +12,10 @@ def make_executor(config: EngineConfig, blocks: BlockManager):
         from engine.executor.multiproc_executor import MultiprocExecutor
 
         return MultiprocExecutor(config, blocks)
+    if backend == "ray":
+        from engine.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config, blocks)
     from engine.executor.uniproc_executor import UniProcExecutor
 
     return UniProcExecutor(config, blocks)

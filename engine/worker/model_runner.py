@@ -33,41 +33,13 @@ class ModelRunner:
         for attn in model.attention_layers():
             attn.k_cache, attn.v_cache = cache(), cache()
 
-    def _tensor(self, data, dtype) -> torch.Tensor:
-        return torch.tensor(data, dtype=dtype, device=self.device)
-
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         logits = self.execute(self.prepare(seqs, is_prefill))
         return sample(logits, [s.params for s in seqs], [s.generator(logits.device) for s in seqs])
 
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
-        """The batch's model inputs: what every tensor-parallel rank runs."""
-        ids, positions, slots, last = [], [], [], []
-        cu = tables = seq_lens = None
-        if is_prefill:
-            cu = [0]
-            for s in seqs:  # a preempted sequence is recomputed from its first token
-                n = len(s)
-                ids += s.token_ids
-                positions += range(n)
-                slots += [self.blocks.slot(s, p) for p in range(n)]
-                cu.append(cu[-1] + n)
-                last.append(cu[-1] - 1)
-        else:
-            width = max(len(s.block_table) for s in seqs)
-            for i, s in enumerate(seqs):
-                p = len(s) - 1
-                ids.append(s.token_ids[-1])
-                positions.append(p)
-                slots.append(self.blocks.slot(s, p))
-                last.append(i)
-            tables = self._tensor([s.block_table + [0] * (width - len(s.block_table))
-                                   for s in seqs], torch.int32)
-            seq_lens = self._tensor([len(s) for s in seqs], torch.int32)
-        return StepInputs(is_prefill, self._tensor(ids, torch.int64),
-                          self._tensor(positions, torch.int64), self._tensor(slots, torch.int64),
-                          self._tensor(last, torch.int64), cu, tables, seq_lens)
+        return prepare_inputs(self.blocks, self.device, seqs, is_prefill)
 
     @torch.inference_mode()
     def execute(self, x: StepInputs) -> torch.Tensor:
@@ -90,3 +62,37 @@ class StepInputs:
     cu_seqlens: list[int] | None
     block_tables: torch.Tensor | None
     seq_lens: torch.Tensor | None
+
+
+def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequence],
+                   is_prefill: bool) -> StepInputs:
+    """The batch's model inputs: what every tensor-parallel rank runs."""
+    ids, positions, slots, last = [], [], [], []
+    cu = tables = seq_lens = None
+    if is_prefill:
+        cu = [0]
+        for s in seqs:  # a preempted sequence is recomputed from its first token
+            n = len(s)
+            ids += s.token_ids
+            positions += range(n)
+            slots += [blocks.slot(s, p) for p in range(n)]
+            cu.append(cu[-1] + n)
+            last.append(cu[-1] - 1)
+    else:
+        width = max(len(s.block_table) for s in seqs)
+        for i, s in enumerate(seqs):
+            p = len(s) - 1
+            ids.append(s.token_ids[-1])
+            positions.append(p)
+            slots.append(blocks.slot(s, p))
+            last.append(i)
+        tables = _tensor(device, [s.block_table + [0] * (width - len(s.block_table))
+                                  for s in seqs], torch.int32)
+        seq_lens = _tensor(device, [len(s) for s in seqs], torch.int32)
+    return StepInputs(is_prefill, _tensor(device, ids, torch.int64),
+                      _tensor(device, positions, torch.int64), _tensor(device, slots, torch.int64),
+                      _tensor(device, last, torch.int64), cu, tables, seq_lens)
+
+
+def _tensor(device: torch.device, data, dtype) -> torch.Tensor:
+    return torch.tensor(data, dtype=dtype, device=device)

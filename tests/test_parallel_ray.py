@@ -1,5 +1,5 @@
 """distributed_executor_backend="ray": -tp 2 on a local two-node Ray cluster
-(two `ray start` processes on 127.0.0.1, one CPU each, started and stopped
+(two `ray start` processes on this machine, one CPU each, started and stopped
 here) gives one rank's greedy ids."""
 from __future__ import annotations
 
@@ -47,15 +47,21 @@ def ray_cluster(tmp_path):
     never `ray stop`, which would stop every Ray on the machine."""
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
+    def common():  # two nodes on one machine: every port of their own (defaults would collide)
+        ports = ["--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                 "--runtime-env-agent-port"]
+        return ["--num-cpus", "1", "--block", "--disable-usage-stats",
+                *[arg for flag in ports for arg in (flag, str(free_port()))]]
+
     nodes = [subprocess.Popen([str(RAY), "start", "--head", "--port", str(port),
                                "--include-dashboard=false",
-                               *common], env=env, stdout=subprocess.DEVNULL,
+                               *common()], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)]
     try:
         time.sleep(3)
         nodes.append(subprocess.Popen([str(RAY), "start", "--address", f"127.0.0.1:{port}",
-                                       *common], env=env,
+                                       *common()], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True))
         yield f"127.0.0.1:{port}"

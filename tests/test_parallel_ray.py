@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,9 +49,9 @@ def ray_cluster(tmp_path):
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     def common():  # two nodes on one machine: every port of their own (defaults would collide)
-        ports = ["--node-manager-port", "--object-manager-port", "--metrics-export-port",
-                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                 "--runtime-env-agent-port"]
+        # (those left to the raylet are chosen by it, race-free)
+        ports = ["--metrics-export-port", "--dashboard-agent-listen-port",
+                 "--dashboard-agent-grpc-port", "--runtime-env-agent-port"]
         return ["--num-cpus", "1", "--block", "--disable-usage-stats",
                 *[arg for flag in ports for arg in (flag, str(free_port()))]]
 
@@ -59,7 +60,14 @@ def ray_cluster(tmp_path):
                                *common()], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)]
     try:
-        time.sleep(3)
+        deadline = time.monotonic() + 120
+        while True:  # the second node's ports are chosen once the head holds all of its own
+            assert nodes[0].poll() is None and time.monotonic() < deadline, "ray head did not start"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        time.sleep(5)
         nodes.append(subprocess.Popen([str(RAY), "start", "--address", f"127.0.0.1:{port}",
                                        *common()], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

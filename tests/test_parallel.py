@@ -127,8 +127,8 @@ def test_bad_parallel_args_are_one_line(tmp_path):
 
     with pytest.raises(ValueError, match="distributed_executor_backend 'nccl' is not supported"):
         parallel_backend(_config(), 2, "nccl")
-    with pytest.raises(ValueError, match="'ray' is not available yet"):
-        parallel_backend(_config(), 2, "ray")
+    with pytest.raises(ValueError, match="'uni' runs one rank"):
+        parallel_backend(_config(), 2, "uni")
     assert parallel_backend(_config(), 2, None) == "mp"
     assert parallel_backend(_config(), 1, "mp") is None
 

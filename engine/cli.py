@@ -12,7 +12,9 @@ def _llm(args):
     from engine.entrypoints.llm import LLM
 
     return LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
-               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+               tensor_parallel_size=args.tensor_parallel_size,
+               distributed_executor_backend=args.distributed_executor_backend)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -21,6 +23,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parallel_args(p)
+
+
+def parallel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                   help="ranks the model is split over (one process each; pin them with "
+                   "VLLM_CPU_OMP_THREADS_BIND='0-31|32-63')")
+    p.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
+                   help="mp: processes on this machine (default with -tp > 1); ray: a Ray "
+                   "cluster ($RAY_ADDRESS or a local one)")
 
 
 def generate(args) -> int:
@@ -72,6 +84,7 @@ def _serve_parser(sub) -> None:
     s.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens in one step (at least --max-model-len: no chunked prefill)")
     s.add_argument("--block-size", type=int, default=128)
+    parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: MODEL as given)")
     s.add_argument("--api-key", default=None,
@@ -148,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except RuntimeError as exc:
+        from engine.distributed.parallel_state import RankDiedError
+
+        if not isinstance(exc, RankDiedError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def serve(args) -> int:

@@ -12,6 +12,7 @@ import torch
 
 from engine import envs
 from engine.config import ModelConfig
+from engine.model_executor.layers.parallel import TP_ARCHITECTURES, check_shardable
 from engine.model_source import resolve_model
 from engine.platforms import current as current_platform
 
@@ -30,6 +31,8 @@ class EngineConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     bind_threads: bool
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: one process (uniproc)
 
 
 def available_memory_bytes() -> int | None:
@@ -92,7 +95,8 @@ def blocks_from_env(model: ModelConfig, block_size: int, dtype: torch.dtype) -> 
 def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block_size: int = 128,
                          max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                          max_model_len: int | None = None, num_kv_blocks: int | None = None,
-                         bind_threads: bool = True) -> EngineConfig:
+                         bind_threads: bool = True, tensor_parallel_size: int = 1,
+                         distributed_executor_backend: str | None = None) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
     torch_dtype = resolve_dtype(dtype, mc)
@@ -109,5 +113,33 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
             f"sequence of the model's context ({max_len} tokens); raise "
             "VLLM_CPU_KVCACHE_SPACE or lower max_model_len")
     mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
+    backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend)
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
-                        budget, bind_threads)
+                        budget, bind_threads, tensor_parallel_size, backend)
+
+
+def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | None:
+    """The executor backend for tp ranks (as upstream: `mp` on one machine
+    unless `ray` is asked for), after checking the model splits over them."""
+    if not isinstance(tp, int) or isinstance(tp, bool):
+        raise ValueError(f"tensor_parallel_size must be a whole number, got {tp!r}")
+    if tp > 1 and mc.architecture not in TP_ARCHITECTURES:
+        raise ValueError(f"tensor_parallel_size {tp}: tensor parallel runs "
+                         f"{', '.join(sorted(TP_ARCHITECTURES))} so far, not {mc.architecture}; "
+                         "use tensor_parallel_size 1")
+    check_shardable(mc, tp)
+    if backend not in (None, "mp", "ray", "uni"):
+        raise ValueError(f"distributed_executor_backend {backend!r} is not supported; use mp "
+                         "(processes on this machine) or ray (a Ray cluster)")
+    if tp == 1:
+        return None
+    if backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("distributed_executor_backend 'ray' needs the ray package: "
+                             "pip install -r requirements/ray.txt")
+    if backend == "uni":
+        raise ValueError(f"distributed_executor_backend 'uni' runs one rank; "
+                         f"tensor_parallel_size {tp} needs mp or ray")
+    return backend or "mp"

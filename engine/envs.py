@@ -164,3 +164,9 @@ def sysfs_root(env: Mapping[str, str] | None = None) -> str:
 def api_key(env: Mapping[str, str] | None = None) -> str | None:
     """VLLM_API_KEY: the key `engine serve` requires on /v1 when --api-key is not given."""
     return _env(env).get("VLLM_API_KEY", "").strip() or None
+
+
+def ray_address(env: Mapping[str, str] | None = None) -> str | None:
+    """RAY_ADDRESS: the Ray cluster (host:port) distributed_executor_backend="ray"
+    places ranks on; unset: the cluster Ray finds on this machine, or a new one."""
+    return _env(env).get("RAY_ADDRESS", "").strip() or None

@@ -16,6 +16,7 @@ from typing import AsyncIterator
 
 from engine.core.engine_core import EngineCore
 from engine.core.sequence import Sequence
+from engine.distributed.parallel_state import RankDiedError
 from engine.entrypoints.openai.stream_pacer import StreamPacer
 from engine.sampling_params import SamplingParams
 
@@ -40,6 +41,9 @@ class _Stream:
     arrival: float
     first_token: float | None = None
     last_token: float | None = None
+
+
+HEALTH_POLL_S = 1.0  # how often an idle engine checks its ranks
 
 
 class EngineDeadError(RuntimeError):
@@ -90,7 +94,8 @@ class AsyncLLM:
             while not self._stopped:
                 if not (self._adds or self._aborts or core.has_unfinished()):
                     self._idle = loop.create_future()
-                    await self._idle
+                    await asyncio.wait([self._idle], timeout=HEALTH_POLL_S)
+                    core.check_health()  # a rank that died while idle is heard of here
                     continue
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
@@ -118,7 +123,10 @@ class AsyncLLM:
                     await _readers_ran(loop)
                     pacer.handed_over(clock() - t0)
         except Exception as exc:  # noqa: BLE001 - every waiting caller must hear of it
-            logger.exception("engine loop failed")
+            if isinstance(exc, RankDiedError):  # one line: the rank and how it ended
+                logger.error("engine loop stopped: %s", exc)
+            else:
+                logger.exception("engine loop failed")
             self.dead = exc
             streams, self._streams = list(self._streams.values()), {}
             for s in streams:

@@ -14,7 +14,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.core.stop_checker import check_stop
 from engine.engine_args import EngineConfig, create_engine_config
-from engine.executor.uniproc_executor import UniProcExecutor
+from engine.executor.select import make_executor
 from engine.sampling_params import SamplingParams
 
 
@@ -29,7 +29,7 @@ class EngineCore:
         self.max_model_len = c.max_model_len
         self.tokenizer = _tokenizer(c.path)
         self.blocks = BlockManager(c.num_blocks, c.block_size)
-        self.executor = UniProcExecutor(c, self.blocks)
+        self.executor = make_executor(c, self.blocks)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens)
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[Sequence] = []
@@ -68,6 +68,10 @@ class EngineCore:
             return False
         self.scheduler.abort(seq)
         return True
+
+    def check_health(self) -> None:
+        """Raises when the executor lost a part (a tensor-parallel rank)."""
+        self.executor.check_health()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()

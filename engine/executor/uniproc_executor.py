@@ -24,25 +24,37 @@ logger = logging.getLogger("engine")
 
 class UniProcExecutor:
     def __init__(self, config: EngineConfig, blocks: BlockManager):
-        platform = current_platform()
-        if platform.device_type == "cpu":
+        if current_platform().device_type == "cpu":
             cpu_preload.warn_if_not_preloaded()
             if config.bind_threads:
                 cpu_binding.apply(cpu_binding.plan())
-        device = platform.device()
-        self.model = model_class(config.model.architecture)(config.model, config.dtype).to(device)
-        quantization.apply(self.model, config.path)
-        load_weights(self.model, config.path)
-        self.model.eval()
-        self.linear_mode = PLAIN
-        if platform.device_type == "cpu":
-            if isinstance(platform, ZenCpuPlatform) and not envs.zentorch_weight_prepack():
-                logger.info("linear layers: plain (VLLM_ZENTORCH_WEIGHT_PREPACK=0)")
-            else:
-                self.linear_mode = log_cpu_linear_choice(config.dtype).mode
-            self.model.prepare_linear(self.linear_mode)
-        self.runner = ModelRunner(self.model, blocks, config.dtype, device)
+        self.runner = build_runner(config, blocks)
+        self.model, self.linear_mode = self.runner.model, self.runner.linear_mode
 
     def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One token per sequence, sampled from the batch's logits."""
         return self.runner.run(seqs, is_prefill)
+
+    def check_health(self) -> None:
+        """Raises when a part of the executor has died (never, in one process)."""
+
+
+def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
+    """The model (this rank's shard under tensor parallelism) with its weights
+    loaded and laid out for this CPU, over a KV cache of `blocks`."""
+    platform = current_platform()
+    device = platform.device()
+    model = model_class(config.model.architecture)(config.model, config.dtype).to(device)
+    quantization.apply(model, config.path)
+    load_weights(model, config.path)
+    model.eval()
+    linear_mode = PLAIN
+    if platform.device_type == "cpu":
+        if isinstance(platform, ZenCpuPlatform) and not envs.zentorch_weight_prepack():
+            logger.info("linear layers: plain (VLLM_ZENTORCH_WEIGHT_PREPACK=0)")
+        else:
+            linear_mode = log_cpu_linear_choice(config.dtype).mode
+        model.prepare_linear(linear_mode)
+    runner = ModelRunner(model, blocks, config.dtype, device)
+    runner.linear_mode = linear_mode
+    return runner

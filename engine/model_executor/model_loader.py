@@ -13,12 +13,14 @@ from pathlib import Path
 
 import torch
 
+from engine.model_executor.layers.parallel import checkpoint_slice
+from engine.model_executor.shard_reader import SAFETENSORS_DTYPES as _DTYPES
+from engine.model_executor.shard_reader import read_slice_into
+
 # Checkpoint tensors no model reads: rotary tables older exports saved.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
-           "F64": torch.float64, "I8": torch.int8}
 # A quantized layer's tensors next to its weight (layers/quantization): fused
 # and sliced as the weight's rows are.
 _QUANT_SUFFIXES = (".weight_scale",)
@@ -109,7 +111,11 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                     if part is not None:
                         bounds = _bounds(dest.shard_sizes)
                         dest = dest[bounds[part]:bounds[part + 1]]
-                    _read_into(f, file.name, key, info, dest)
+                    rows = checkpoint_slice(model.config, key)  # tensor parallel: this rank's
+                    if rows is None:
+                        _read_into(f, file.name, key, info, dest)
+                    else:
+                        read_slice_into(f, file.name, key, info, dest, *rows)
                     loaded.setdefault(name, set()).add(part)
     for key, (name, part) in mapping.items():
         if part not in loaded.get(name, set()) and not _complete(params[name], loaded.get(name)):

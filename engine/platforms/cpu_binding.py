@@ -108,6 +108,19 @@ def plan(rank: int = 0, world_size: int = 1, env: Mapping[str, str] | None = Non
                    node if root == Path("/") else None)  # a fake sysfs names no real node
 
 
+def plan_all(world_size: int, env: Mapping[str, str] | None = None,
+             allowed: set[int] | None = None) -> list[Binding]:
+    """Every rank's binding, checked before any rank starts: a per-rank list
+    whose count differs from the world size is one error naming both."""
+    mode = envs.omp_threads_bind(env)
+    if isinstance(mode, list) and len(mode) != world_size:
+        raw = (os.environ if env is None else env).get("VLLM_CPU_OMP_THREADS_BIND", "")
+        raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND={raw.strip()!r} names {len(mode)} "
+                            f"CPU list(s) but there are {world_size} ranks; give one "
+                            "'|'-separated list per rank")
+    return [plan(rank, world_size, env, allowed) for rank in range(world_size)]
+
+
 _applied: Binding | None = None
 _numa_warned = False
 

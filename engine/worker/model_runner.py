@@ -2,6 +2,8 @@
 cache, and samples one token per sequence."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.core.kv_cache_manager import BlockManager
@@ -17,7 +19,9 @@ class ModelRunner:
                  device: torch.device):
         self.model, self.blocks, self.device = model, blocks, device
         c = model.config
-        shape = (blocks.num_blocks, c.num_kv_heads, blocks.block_size, c.head_dim)
+        # this rank's KV heads (all of them with one rank)
+        kv_heads = model.attention_layers()[0].num_kv_heads if c.num_layers else c.num_kv_heads
+        shape = (blocks.num_blocks, kv_heads, blocks.block_size, c.head_dim)
         # Uninitialized: a slot is always written (reshape_and_cache) before any
         # kernel reads it, and untouched pages of a large cache cost no memory.
         # On the CPU, huge pages (engine.platforms.cpu_hugepages): attention streams the cache.
@@ -29,38 +33,66 @@ class ModelRunner:
         for attn in model.attention_layers():
             attn.k_cache, attn.v_cache = cache(), cache()
 
-    def _tensor(self, data, dtype) -> torch.Tensor:
-        return torch.tensor(data, dtype=dtype, device=self.device)
-
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        ids, positions, slots, last = [], [], [], []
-        if is_prefill:
-            cu = [0]
-            for s in seqs:  # a preempted sequence is recomputed from its first token
-                n = len(s)
-                ids += s.token_ids
-                positions += range(n)
-                slots += [self.blocks.slot(s, p) for p in range(n)]
-                cu.append(cu[-1] + n)
-                last.append(cu[-1] - 1)
-            ctx = ForwardContext(True, self._tensor(slots, torch.int64), cu_seqlens=cu)
-        else:
-            width = max(len(s.block_table) for s in seqs)
-            for i, s in enumerate(seqs):
-                p = len(s) - 1
-                ids.append(s.token_ids[-1])
-                positions.append(p)
-                slots.append(self.blocks.slot(s, p))
-                last.append(i)
-            tables = self._tensor([s.block_table + [0] * (width - len(s.block_table))
-                                   for s in seqs], torch.int32)
-            ctx = ForwardContext(False, self._tensor(slots, torch.int64), block_tables=tables,
-                                 seq_lens=self._tensor([len(s) for s in seqs], torch.int32))
-        set_context(ctx)
+        logits = self.execute(self.prepare(seqs, is_prefill))
+        return sample(logits, seqs, self.model.config.eos_token_ids)
+
+    def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
+        return prepare_inputs(self.blocks, self.device, seqs, is_prefill)
+
+    @torch.inference_mode()
+    def execute(self, x: StepInputs) -> torch.Tensor:
+        """The logits of each sequence's last token."""
+        set_context(ForwardContext(x.is_prefill, x.slots, cu_seqlens=x.cu_seqlens,
+                                   block_tables=x.block_tables, seq_lens=x.seq_lens))
         try:
-            logits = self.model(self._tensor(ids, torch.int64), self._tensor(positions, torch.int64),
-                                self._tensor(last, torch.int64))
+            return self.model(x.ids, x.positions, x.last)
         finally:
             set_context(None)
-        return sample(logits, seqs, self.model.config.eos_token_ids)
+
+
+@dataclass
+class StepInputs:
+    is_prefill: bool
+    ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    last: torch.Tensor
+    cu_seqlens: list[int] | None
+    block_tables: torch.Tensor | None
+    seq_lens: torch.Tensor | None
+
+
+def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequence],
+                   is_prefill: bool) -> StepInputs:
+    """The batch's model inputs: what every tensor-parallel rank runs."""
+    ids, positions, slots, last = [], [], [], []
+    cu = tables = seq_lens = None
+    if is_prefill:
+        cu = [0]
+        for s in seqs:  # a preempted sequence is recomputed from its first token
+            n = len(s)
+            ids += s.token_ids
+            positions += range(n)
+            slots += [blocks.slot(s, p) for p in range(n)]
+            cu.append(cu[-1] + n)
+            last.append(cu[-1] - 1)
+    else:
+        width = max(len(s.block_table) for s in seqs)
+        for i, s in enumerate(seqs):
+            p = len(s) - 1
+            ids.append(s.token_ids[-1])
+            positions.append(p)
+            slots.append(blocks.slot(s, p))
+            last.append(i)
+        tables = _tensor(device, [s.block_table + [0] * (width - len(s.block_table))
+                                  for s in seqs], torch.int32)
+        seq_lens = _tensor(device, [len(s) for s in seqs], torch.int32)
+    return StepInputs(is_prefill, _tensor(device, ids, torch.int64),
+                      _tensor(device, positions, torch.int64), _tensor(device, slots, torch.int64),
+                      _tensor(device, last, torch.int64), cu, tables, seq_lens)
+
+
+def _tensor(device: torch.device, data, dtype) -> torch.Tensor:
+    return torch.tensor(data, dtype=dtype, device=device)

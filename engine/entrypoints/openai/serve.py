@@ -26,7 +26,9 @@ def serve(args) -> int:
     core = EngineCore(args.model, args.dtype, block_size=args.block_size,
                       max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens,
-                      max_model_len=args.max_model_len)
+                      max_model_len=args.max_model_len,
+                      tensor_parallel_size=args.tensor_parallel_size,
+                      distributed_executor_backend=args.distributed_executor_backend)
     warm = warm_up(core)
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)
@@ -95,6 +97,7 @@ async def _serve(server, llm) -> int:
     """uvicorn and the engine's step loop in this thread's event loop (AsyncLLM.run
     says why): a request under way when the server stops still ends."""
     steps = asyncio.ensure_future(llm.run())
+    steps.add_done_callback(lambda _: _stop_when_dead(server, llm))
     try:
         await server.serve()
     except SystemExit:  # uvicorn exits (3) when it cannot bind; it logged why
@@ -102,4 +105,17 @@ async def _serve(server, llm) -> int:
     finally:
         llm.shutdown()
         await steps
+    if llm.dead is not None:
+        logger.error("the engine stopped: %s", llm.dead)
+        return 1
     return 0 if server.started else 1
+
+
+DEAD_GRACE_S = 3.0  # /health answers 503 this long before the server exits
+
+
+def _stop_when_dead(server, llm) -> None:
+    """As upstream: an engine that died (a tensor-parallel rank gone) takes the
+    server down, after a moment in which /health says 503 and why."""
+    if llm.dead is not None:
+        asyncio.get_running_loop().call_later(DEAD_GRACE_S, setattr, server, "should_exit", True)

@@ -5,12 +5,12 @@ rotary, longrope)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
 from engine.model_executor.layers.activation import SiluAndMul
 from engine.model_executor.layers.attention import Attention
+from engine.model_executor.layers import parallel
 from engine.model_executor.layers.linear import Linear
 from engine.model_executor.layers.norm import RMSNorm
 from engine.model_executor.layers.rotary import RotaryEmbedding
@@ -81,9 +81,10 @@ class DecoderLayer(nn.Module):
             q = self.q_norm(q.reshape(-1, hd)).view(-1, self.q_size)
             k = self.k_norm(k.reshape(-1, hd)).view(-1, self.kv_size)
         self.rotary(positions, q, k)  # in place, through the strided views of qkv
-        x = self._scaled(self.o_proj(self.attn(q, k, v)))
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self._scaled(self.down(self.act(self.gate_up(x)))), residual
+        x = parallel.reduce(self.o_proj(self.attn(q, k, v)))
+        x, residual = self.post_attention_layernorm(self._scaled(x), residual)
+        x = parallel.reduce(self.down(self.act(self.gate_up(x))))
+        return self._scaled(x), residual
 
     def _scaled(self, x):
         return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
@@ -93,11 +94,14 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, c: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.config = c
-        self.embed_tokens = param(c.vocab_size, c.hidden_size, dtype=dtype)
+        vocab = parallel.vocab_range(c.vocab_size)[2]  # this rank's rows (all with one rank)
+        self.embed_tokens = param(vocab, c.hidden_size, dtype=dtype)
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_for(), dtype, c.max_model_len)
-        self.layers = nn.ModuleList(DecoderLayer(c, rotary, dtype) for _ in range(c.num_layers))
+        local = parallel.local_config(c)  # this rank's heads and MLP slice
+        self.layers = nn.ModuleList(DecoderLayer(local, rotary, dtype)
+                                    for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.lm_head = Linear(c.hidden_size, c.vocab_size, False, dtype)
+        self.lm_head = Linear(c.hidden_size, vocab, False, dtype)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
         self.embedding_multiplier = c.hf.get("embedding_multiplier", 1.0)  # Granite
@@ -106,14 +110,14 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 last_token_index: torch.Tensor) -> torch.Tensor:
         """Logits of the tokens at last_token_index (one per sequence)."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = parallel.embed(input_ids, self.embed_tokens)
         if self.embedding_multiplier != 1.0:
             x = x * self.embedding_multiplier
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
-        logits = self.lm_head(x[last_token_index])
+        logits = parallel.gather_logits(self.lm_head(x[last_token_index]), self.config.vocab_size)
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def checkpoint_map(self) -> dict:

@@ -1,0 +1,95 @@
+"""Tensor parallel on this machine: gloo all-reduce latency between two
+ranks (one CPU each) for one hidden state up to a batch of them, and decode
+tok/s of -tp 2 (one core per rank) against one rank with two threads, at 1
+and 16 requests, on the small random Llama of benchmarks/models.py.
+
+    python -m benchmarks.parallel [--size small] [--output-len 64]
+
+On a 2-core machine the point is overhead, not speed-up; other processes on
+the machine make every figure noisy."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.models import MODEL_SIZES, make_model, prompt_ids  # noqa: E402
+
+ALLREDUCE = """
+import os, sys, time, torch, torch.distributed as td
+rank, port, sizes = int(sys.argv[1]), sys.argv[2], [int(s) for s in sys.argv[3].split(",")]
+os.sched_setaffinity(0, {rank}); torch.set_num_threads(1)
+td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+for n in sizes:
+    x = torch.ones(n)
+    for _ in range(20): td.all_reduce(x)
+    reps = 500 if n < 1 << 16 else 50
+    td.barrier(); t0 = time.perf_counter()
+    for _ in range(reps): td.all_reduce(x)
+    dt = (time.perf_counter() - t0) / reps
+    if rank == 0: print(n, dt, flush=True)
+"""
+
+DECODE = """
+import json, sys, time
+from engine import LLM, SamplingParams
+path, tp, n, out_len, prompts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+llm = LLM(path, "float32", tensor_parallel_size=tp, max_model_len=1024)
+p = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+t0 = time.perf_counter(); outs = llm.generate(prompts[:n], p); dt = time.perf_counter() - t0
+print(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
+"""
+
+
+def allreduce(hidden: int) -> list[tuple[int, float]]:
+    from engine.distributed.parallel_state import free_port
+
+    port, sizes = str(free_port()), f"{hidden},{hidden * 16},{hidden * 256}"
+    procs = [subprocess.Popen([sys.executable, "-c", ALLREDUCE, str(r), port, sizes],
+                              stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    out = procs[0].communicate(timeout=300)[0]
+    procs[1].wait(timeout=60)
+    return [(int(a), float(b)) for a, b in (line.split() for line in out.split("\n") if line)]
+
+
+def decode(path: Path, tp: int, n: int, out_len: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "0|1" if tp == 2 else "0-1"}
+    out = subprocess.run([sys.executable, "-c", DECODE, str(path), str(tp), str(n), str(out_len),
+                          json.dumps(prompt_ids(16))], env=env, capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode:
+        raise SystemExit(out.stderr[-2000:])
+    return float(out.stdout.split()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="small", choices=sorted(MODEL_SIZES))
+    ap.add_argument("--output-len", type=int, default=64)
+    args = ap.parse_args()
+    hidden = MODEL_SIZES[args.size]["hidden"]
+    print(f"gloo all-reduce, 2 ranks on 127.0.0.1, float32 (hidden {hidden}):")
+    for n, dt in allreduce(hidden):
+        print(f"  {n:>9} floats ({n // hidden:>3} tokens): {dt * 1e6:9.1f} us  "
+              f"{n * 4 / dt / 1e9:6.2f} GB/s")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_model(Path(tmp) / args.size, args.size)
+        for n in (1, 16):
+            one = decode(path, 1, n, args.output_len)
+            two = decode(path, 2, n, args.output_len)
+            print(f"decode {n:>2} request(s): -tp 1 (2 threads) {one:7.1f} tok/s, -tp 2 "
+                  f"(1 core/rank) {two:7.1f} tok/s = {two / one:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Tensor parallel on this machine (distributed_executor_backend="mp"): the
+driver process is rank 0, as upstream's CPU path has it, and ranks 1..N-1
+are processes of their own (engine.worker.tp_worker). The scheduler runs once,
+here; each step's inputs go to every rank over a pipe, the ranks run the same
+batch and meet in gloo collectives (torch.distributed), and the driver samples
+from the gathered logits.
+
+A rank that dies is named in one line (RankDiedError): a watchdog thread
+waits on the workers' processes, and a collective whose peer went away
+raises (at once when its sockets close, else after the group's timeout)."""
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import sys
+import threading
+from contextlib import contextmanager
+from multiprocessing.connection import wait
+
+from engine.core.kv_cache_manager import BlockManager
+from engine.core.sequence import Sequence
+from engine.distributed import parallel_state
+from engine.distributed.parallel_state import DistInit, RankDiedError, free_port
+from engine.engine_args import EngineConfig
+from engine.executor.uniproc_executor import build_runner
+from engine.model_executor.layers.sampler import sample
+from engine.platforms import cpu_binding, cpu_preload
+from engine.worker import tp_worker
+
+logger = logging.getLogger("engine")
+
+
+class MultiprocExecutor:
+    def __init__(self, config: EngineConfig, blocks: BlockManager):
+        world = config.tensor_parallel_size
+        # every rank's binding checked before any process starts: errors are one line here
+        bindings = cpu_binding.plan_all(world) if config.bind_threads else [None] * world
+        cpu_preload.warn_if_not_preloaded()
+        dist = DistInit("127.0.0.1", free_port(), world)
+        ctx = mp.get_context("spawn")  # a fork would copy torch's OpenMP pool and locks
+        self.procs, self.conns, self.dead = {}, {}, None
+        try:
+            for rank in range(1, world):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=tp_worker.worker_main, daemon=True,
+                                   args=(rank, config, bindings[rank], dist, child),
+                                   name=f"tp-rank-{rank}")
+                with _main_not_rerun():
+                    proc.start()
+                child.close()
+                self.procs[rank], self.conns[rank] = proc, parent
+            if bindings[0] is not None:
+                cpu_binding.apply(bindings[0])
+            parallel_state.init(0, dist)
+            self.runner = build_runner(config, blocks)
+            self._wait_ready()
+            parallel_state.join(0, dist)
+        except BaseException:
+            self.shutdown()
+            raise
+        atexit.register(self.shutdown)  # before multiprocessing's own: a stop is no death
+        self._watchdog = threading.Thread(target=self._watch, daemon=True, name="tp-watchdog")
+        self._watchdog.start()
+        logger.info("tensor parallel: %d ranks (mp, gloo on 127.0.0.1:%d)", world, dist.port)
+
+    def _wait_ready(self) -> None:
+        waiting = dict(self.conns)
+        while waiting:
+            for rank, conn in list(waiting.items()):
+                proc = self.procs[rank]
+                if not conn.poll(0.05):
+                    if not proc.is_alive():
+                        raise RankDiedError(f"tensor-parallel rank {rank} died while loading "
+                                            f"the model (exit code {proc.exitcode})")
+                    continue
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    proc.join(5)
+                    raise RankDiedError(f"tensor-parallel rank {rank} died while loading the "
+                                        f"model (exit code {proc.exitcode})") from None
+                if msg != tp_worker.READY:
+                    raise ValueError(f"tensor-parallel rank {rank}: {msg}")
+                del waiting[rank]
+
+    def _watch(self) -> None:
+        sentinels = {p.sentinel: rank for rank, p in self.procs.items()}
+        if not sentinels:
+            return
+        ready = wait(list(sentinels))
+        if self.dead is None and not getattr(self, "_closing", False):
+            rank = sentinels[ready[0]]
+            self.dead = f"tensor-parallel rank {rank} died (exit code " \
+                        f"{self.procs[rank].exitcode})"
+            logger.error("%s; the engine stops", self.dead)
+
+    def check_health(self) -> None:
+        if self.dead is not None:
+            raise RankDiedError(self.dead)
+
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        self.check_health()
+        inputs = self.runner.prepare(seqs, is_prefill)
+        try:
+            for conn in self.conns.values():
+                conn.send(inputs)
+            logits = self.runner.execute(inputs)
+        except (RuntimeError, OSError) as exc:  # a peer gone mid-step (or a collective timeout)
+            self._watchdog.join(2)  # give the watchdog a moment to name the rank
+            self.check_health()
+            raise RankDiedError(f"tensor parallel step failed: {str(exc).splitlines()[0]}") \
+                from None
+        return sample(logits, [s.params for s in seqs], [s.generator(logits.device) for s in seqs])
+
+    def shutdown(self) -> None:
+        if getattr(self, "_closing", False):
+            return
+        self._closing = True
+        for conn in self.conns.values():
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs.values():
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        parallel_state.destroy()
+
+
+@contextmanager
+def _main_not_rerun():
+    """A spawned process re-runs the parent's __main__ script first (to find
+    pickled functions); a rank needs nothing from it, and a script without an
+    `if __name__ == "__main__"` guard would start an engine again in every
+    rank. Hiding the script's path for the start skips that."""
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)

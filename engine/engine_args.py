@@ -123,14 +123,14 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | Non
     unless `ray` is asked for), after checking the model splits over them."""
     if not isinstance(tp, int) or isinstance(tp, bool):
         raise ValueError(f"tensor_parallel_size must be a whole number, got {tp!r}")
-    if tp > 1 and mc.architecture not in TP_ARCHITECTURES:
-        raise ValueError(f"tensor_parallel_size {tp}: tensor parallel runs "
-                         f"{', '.join(sorted(TP_ARCHITECTURES))} so far, not {mc.architecture}; "
-                         "use tensor_parallel_size 1")
     check_shardable(mc, tp)
     if backend not in (None, "mp", "ray", "uni"):
         raise ValueError(f"distributed_executor_backend {backend!r} is not supported; use mp "
                          "(processes on this machine) or ray (a Ray cluster)")
+    if tp > 1 and mc.architecture not in TP_ARCHITECTURES:
+        raise ValueError(f"tensor_parallel_size {tp}: tensor parallel runs "
+                         f"{', '.join(sorted(TP_ARCHITECTURES))} so far, not {mc.architecture}; "
+                         "use tensor_parallel_size 1")
     if tp == 1:
         return None
     if backend == "ray":

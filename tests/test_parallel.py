@@ -4,6 +4,8 @@ through `engine serve`; a killed rank stops the engine with one line naming
 it; the per-rank CPU binding and the model's split are checked up front."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import signal
@@ -91,7 +93,7 @@ def test_binding_lists_must_match_the_world_size():
 
 def _config(heads=4, kv=2, inter=128, vocab=105) -> ModelConfig:
     return ModelConfig("llama", vocab, 64, inter, 2, heads, kv, 16, 1e-6, 1e4, 512, False, False,
-                       False, (2,), None)
+                       False, (2,), None, "LlamaForCausalLM")
 
 
 def test_model_must_split_over_the_ranks():
@@ -127,6 +129,10 @@ def test_bad_parallel_args_are_one_line(tmp_path):
 
     with pytest.raises(ValueError, match="distributed_executor_backend 'nccl' is not supported"):
         parallel_backend(_config(), 2, "nccl")
+    phi3 = dataclasses.replace(_config(), architecture="Phi3ForCausalLM")  # fused qkv_proj
+    with pytest.raises(ValueError, match="so far, not Phi3ForCausalLM; use tensor_parallel_size 1"):
+        parallel_backend(phi3, 2, "mp")
+    assert parallel_backend(phi3, 1, None) is None
     with pytest.raises(ValueError, match="'uni' runs one rank"):
         parallel_backend(_config(), 2, "uni")
     assert parallel_backend(_config(), 2, None) == "mp"

@@ -31,6 +31,14 @@ TORCH_LIBRARY(_C, m) {
   // engine.model_executor.layers.linear.pack_panels ([ceil(N/16), K, 16], or for bfloat16
   // on AVX512_BF16 CPUs [ceil(N/16), ceil(K/2), 32]: k pairs).
   m.def("linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor? bias) -> ()");
+  // CPU only (for now): prefill and chunked-prefill attention over the paged
+  // cache; sequence b's queries are rows query_start_loc[b]..[b+1]-1, the last
+  // tokens of its seq_lens[b] cached ones. sliding_window -1: none.
+  m.def("cpu_has_paged_prefill_attention", &engine::cpu::has_paged_prefill_attention);
+  m.def(
+      "paged_prefill_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, float scale, "
+      "int sliding_window) -> ()");
 #endif
 }
 
@@ -46,6 +54,7 @@ TORCH_LIBRARY(_C, m) {
 TORCH_LIBRARY_IMPL(_C, CPU, m) {
   ENGINE_REGISTER_OPS(cpu)
   m.impl("linear", &engine::cpu::linear);
+  m.impl("paged_prefill_attention", &engine::cpu::paged_prefill_attention);
 }
 #endif
 

@@ -13,6 +13,7 @@ from typing import Mapping
 CPU_ISA_CHOICES = ("auto", "avx512_bf16", "avx512", "avx2", "neon_bf16", "neon", "generic")
 CPU_MAX_ISA_CHOICES = ("avx512", "avx2", "generic")
 CPU_LINEAR_CHOICES = ("auto", "panels", "onednn", "plain")
+PREFILL_ATTENTION_CHOICES = ("paged", "sdpa")
 DEFAULT_KVCACHE_GIB = 4.0
 
 
@@ -67,6 +68,14 @@ def cpu_linear(env: Mapping[str, str] | None = None) -> str:
     prepacked oneDNN weights) and `plain` (torch's F.linear) insist on one,
     failing with one line where it cannot run here."""
     return _choice(_env(env), "VLLM_CPU_LINEAR", CPU_LINEAR_CHOICES, "auto")
+
+
+def prefill_attention(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_PREFILL_ATTENTION: how prompts attend. `paged` (default): the
+    engine's flash kernel over the paged KV cache (ops.paged_prefill_attention);
+    `sdpa`: torch's scaled_dot_product_attention over each prompt's own keys,
+    the engine's old path (kept to measure against: benchmarks/prefill.py)."""
+    return _choice(_env(env), "VLLM_PREFILL_ATTENTION", PREFILL_ATTENTION_CHOICES, "paged")
 
 
 def zentorch_weight_prepack(env: Mapping[str, str] | None = None) -> bool:

@@ -32,6 +32,11 @@ class ModelRunner:
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
 
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
+        return self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs],
+                            torch.int32)
+
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         ids, positions, slots, last = [], [], [], []
@@ -44,18 +49,19 @@ class ModelRunner:
                 slots += [self.blocks.slot(s, p) for p in range(n)]
                 cu.append(cu[-1] + n)
                 last.append(cu[-1] - 1)
-            ctx = ForwardContext(True, self._tensor(slots, torch.int64), cu_seqlens=cu)
+            ctx = ForwardContext(True, self._tensor(slots, torch.int64), cu_seqlens=cu,
+                                 block_tables=self._block_tables(seqs),
+                                 seq_lens=self._tensor([len(s) for s in seqs], torch.int32),
+                                 query_start_loc=self._tensor(cu, torch.int32))
         else:
-            width = max(len(s.block_table) for s in seqs)
             for i, s in enumerate(seqs):
                 p = len(s) - 1
                 ids.append(s.token_ids[-1])
                 positions.append(p)
                 slots.append(self.blocks.slot(s, p))
                 last.append(i)
-            tables = self._tensor([s.block_table + [0] * (width - len(s.block_table))
-                                   for s in seqs], torch.int32)
-            ctx = ForwardContext(False, self._tensor(slots, torch.int64), block_tables=tables,
+            ctx = ForwardContext(False, self._tensor(slots, torch.int64),
+                                 block_tables=self._block_tables(seqs),
                                  seq_lens=self._tensor([len(s) for s in seqs], torch.int32))
         set_context(ctx)
         try:

@@ -9,145 +9,169 @@
 // without copying K/V per query head).
 #pragma once
 
-// Keys per tile: one AVX-512 vector (two AVX2 ones) of scores per query row.
+// Keys per tile.
 constexpr int64_t kPrefillKeys = 16;
-// Query rows (tokens x heads of the group) per tile.
-constexpr int64_t kPrefillRows = 32;
+// Query rows (tokens x heads of the group) per tile, padded to whole vectors.
+constexpr int64_t kPrefillRows = 64;
+// A score no real one reaches: masked keys and the running max's start. Finite,
+// so that max - max is 0, never NaN.
+constexpr float kPrefillNegInf = -1e30f;
 
 struct PrefillItem {
   int32_t seq, kv_head, t_begin, t_end;  // query rows [t_begin, t_end) of `seq`
 };
 
+// The query tile is kept transposed, qt[d, r] (R rows, a multiple of the
+// vector width), and the scores as s[j, r]: each score step broadcasts one
+// key element and multiplies whole vectors of rows, and the softmax runs
+// element-wise along r, so no horizontal sum or transpose of keys is needed.
 #ifdef ENGINE_VEC_WIDTH
-// s[r, 0:kPrefillKeys] = q[r, :] . kt[:, 0:kPrefillKeys]; kt is the key tile
-// transposed ([head_size, kPrefillKeys]), so each step is one broadcast of q
-// and one vector of keys per row, ROWS rows at a time for independent FMAs.
-template <int ROWS>
-inline void prefill_scores_rows(float* s, const float* q, const float* kt, int64_t D) {
-  constexpr int NV = kPrefillKeys / W;
-  VecF a[ROWS][NV];
-  for (int i = 0; i < ROWS; ++i)
-    for (int v = 0; v < NV; ++v) a[i][v] = vset1(0.f);
+// s[j, r0:r0+RV*W] for KB keys: KB x RV accumulators.
+template <int KB, int RV>
+inline void prefill_scores_block(float* s, const float* const* k, const float* qt, int64_t R,
+                                 int64_t D, int64_t r0) {
+  VecF a[KB][RV];
+  for (int j = 0; j < KB; ++j)
+    for (int v = 0; v < RV; ++v) a[j][v] = vset1(0.f);
   for (int64_t d = 0; d < D; ++d) {
-    VecF k[NV];
-    for (int v = 0; v < NV; ++v) k[v] = vload(kt + d * kPrefillKeys + v * W);
-    for (int i = 0; i < ROWS; ++i) {
-      const VecF qb = vset1(q[i * D + d]);
-      for (int v = 0; v < NV; ++v) a[i][v] = vfma(qb, k[v], a[i][v]);
+    VecF q[RV];
+    for (int v = 0; v < RV; ++v) q[v] = vload(qt + d * R + r0 + v * W);
+    for (int j = 0; j < KB; ++j) {
+      const VecF kb = vset1(k[j][d]);
+      for (int v = 0; v < RV; ++v) a[j][v] = vfma(kb, q[v], a[j][v]);
     }
   }
-  for (int i = 0; i < ROWS; ++i)
-    for (int v = 0; v < NV; ++v) vstore(s + i * kPrefillKeys + v * W, a[i][v]);
+  for (int j = 0; j < KB; ++j)
+    for (int v = 0; v < RV; ++v) vstore(s + j * R + r0 + v * W, a[j][v]);
 }
 
-inline void prefill_scores(float* s, const float* q, const float* kt, int64_t rows, int64_t D) {
-  constexpr int kRows = 8 * W / kPrefillKeys;  // 8 accumulators
-  int64_t r = 0;
-  for (; r + kRows <= rows; r += kRows)
-    prefill_scores_rows<kRows>(s + r * kPrefillKeys, q + r * D, kt, D);
-  for (; r < rows; ++r) prefill_scores_rows<1>(s + r * kPrefillKeys, q + r * D, kt, D);
+template <int KB>
+inline void prefill_scores_keys(float* s, const float* const* k, const float* qt, int64_t R,
+                                int64_t D) {
+  int64_t r0 = 0;
+  for (; r0 + 2 * W <= R; r0 += 2 * W) prefill_scores_block<KB, 2>(s, k, qt, R, D, r0);
+  for (; r0 < R; r0 += W) prefill_scores_block<KB, 1>(s, k, qt, R, D, r0);
 }
 
-// o[r, c:c+U*W] = o[r, c:c+U*W] * alpha[r] + sum_j p[r, j] v[j, c:c+U*W], two rows at a time.
-template <int R, int U>
-inline void prefill_pv_chunk(float* o, const float* p, const float* alpha, const float* v,
-                             int64_t nk, int64_t D, int64_t c) {
-  VecF acc[R][U];
-  for (int i = 0; i < R; ++i) {
-    const VecF al = vset1(alpha[i]);
-    for (int u = 0; u < U; ++u) acc[i][u] = vmul(vload(o + i * D + c + u * W), al);
+inline void prefill_scores(float* s, const float* const* k, const float* qt, int64_t R,
+                           int64_t nk, int64_t D) {
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) prefill_scores_keys<4>(s + j * R, k + j, qt, R, D);
+  for (; j < nk; ++j) prefill_scores_keys<1>(s + j * R, k + j, qt, R, D);
+}
+
+// o[r, c:c+U*W] = o[r, c:c+U*W] * alpha[r] + sum_j p[j, r] v[j, c:c+U*W] for ROWS rows.
+template <int ROWS, int U>
+inline void prefill_pv_chunk(float* o, const float* p, const float* alpha,
+                             const float* const* v, int64_t nk, int64_t R, int64_t D,
+                             int64_t r0, int64_t c) {
+  VecF acc[ROWS][U];
+  for (int i = 0; i < ROWS; ++i) {
+    const VecF al = vset1(alpha[r0 + i]);
+    for (int u = 0; u < U; ++u) acc[i][u] = vmul(vload(o + (r0 + i) * D + c + u * W), al);
   }
   for (int64_t j = 0; j < nk; ++j) {
     VecF vv[U];
-    for (int u = 0; u < U; ++u) vv[u] = vload(v + j * D + c + u * W);
-    for (int i = 0; i < R; ++i) {
-      const VecF pb = vset1(p[i * kPrefillKeys + j]);
+    for (int u = 0; u < U; ++u) vv[u] = vload(v[j] + c + u * W);
+    for (int i = 0; i < ROWS; ++i) {
+      const VecF pb = vset1(p[j * R + r0 + i]);
       for (int u = 0; u < U; ++u) acc[i][u] = vfma(pb, vv[u], acc[i][u]);
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int u = 0; u < U; ++u) vstore(o + i * D + c + u * W, acc[i][u]);
+  for (int i = 0; i < ROWS; ++i)
+    for (int u = 0; u < U; ++u) vstore(o + (r0 + i) * D + c + u * W, acc[i][u]);
 }
 
-template <int R>
-inline void prefill_pv_rows(float* o, const float* p, const float* alpha, const float* v,
-                            int64_t nk, int64_t D) {
+template <int ROWS>
+inline void prefill_pv_rows(float* o, const float* p, const float* alpha, const float* const* v,
+                            int64_t nk, int64_t R, int64_t D, int64_t r0) {
   int64_t c = 0;
-  for (; c + 4 * W <= D; c += 4 * W) prefill_pv_chunk<R, 4>(o, p, alpha, v, nk, D, c);
-  for (; c < D; c += W) prefill_pv_chunk<R, 1>(o, p, alpha, v, nk, D, c);
+  for (; c + 4 * W <= D; c += 4 * W) prefill_pv_chunk<ROWS, 4>(o, p, alpha, v, nk, R, D, r0, c);
+  for (; c + W <= D; c += W) prefill_pv_chunk<ROWS, 1>(o, p, alpha, v, nk, R, D, r0, c);
+  for (; c < D; ++c)  // a head size that is no multiple of the vector width
+    for (int i = 0; i < ROWS; ++i) {
+      const int64_t r = r0 + i;
+      float acc = o[r * D + c] * alpha[r];
+      for (int64_t j = 0; j < nk; ++j) acc += p[j * R + r] * v[j][c];
+      o[r * D + c] = acc;
+    }
 }
 
-inline void prefill_pv(float* o, const float* p, const float* alpha, const float* v,
-                       int64_t rows, int64_t nk, int64_t D) {
+inline void prefill_pv(float* o, const float* p, const float* alpha, const float* const* v,
+                       int64_t rows, int64_t nk, int64_t R, int64_t D) {
   int64_t r = 0;
-  for (; r + 2 <= rows; r += 2)
-    prefill_pv_rows<2>(o + r * D, p + r * kPrefillKeys, alpha + r, v, nk, D);
-  for (; r < rows; ++r) prefill_pv_rows<1>(o + r * D, p + r * kPrefillKeys, alpha + r, v, nk, D);
+  for (; r + 2 <= rows; r += 2) prefill_pv_rows<2>(o, p, alpha, v, nk, R, D, r);
+  for (; r < rows; ++r) prefill_pv_rows<1>(o, p, alpha, v, nk, R, D, r);
 }
-#endif
-
-// The portable forms (head sizes that are no multiple of the vector width, and
-// builds without explicit vectors).
-inline void prefill_scores_scalar(float* s, const float* q, const float* kt, int64_t rows,
-                                  int64_t D) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * kPrefillKeys;
-    for (int64_t j = 0; j < kPrefillKeys; ++j) sr[j] = 0.f;
+#else
+inline void prefill_scores(float* s, const float* const* k, const float* qt, int64_t R,
+                           int64_t nk, int64_t D) {
+  for (int64_t j = 0; j < nk; ++j) {
+    float* sj = s + j * R;
+    for (int64_t r = 0; r < R; ++r) sj[r] = 0.f;
     for (int64_t d = 0; d < D; ++d) {
-      const float qd = q[r * D + d];
+      const float kd = k[j][d];
 #pragma omp simd
-      for (int64_t j = 0; j < kPrefillKeys; ++j) sr[j] += qd * kt[d * kPrefillKeys + j];
+      for (int64_t r = 0; r < R; ++r) sj[r] += kd * qt[d * R + r];
     }
   }
 }
 
-inline void prefill_pv_scalar(float* o, const float* p, const float* alpha, const float* v,
-                              int64_t rows, int64_t nk, int64_t D) {
+inline void prefill_pv(float* o, const float* p, const float* alpha, const float* const* v,
+                       int64_t rows, int64_t nk, int64_t R, int64_t D) {
   for (int64_t r = 0; r < rows; ++r) {
     float* orow = o + r * D;
     const float al = alpha[r];
 #pragma omp simd
     for (int64_t c = 0; c < D; ++c) orow[c] *= al;
     for (int64_t j = 0; j < nk; ++j) {
-      const float pj = p[r * kPrefillKeys + j];
+      const float pj = p[j * R + r];
+      const float* vj = v[j];
 #pragma omp simd
-      for (int64_t c = 0; c < D; ++c) orow[c] += pj * v[j * D + c];
+      for (int64_t c = 0; c < D; ++c) orow[c] += pj * vj[c];
     }
   }
 }
+#endif
 
-// Masks, online softmax: turns s[r, :nk] into p (in place), sets alpha[r] (the
-// factor that rescales row r's accumulator) and updates m[r], l[r]. Row r's
-// query sits at position q_pos + r / group; the tile's keys at k_pos + j.
-inline void prefill_softmax_step(float* s, float* m, float* l, float* alpha, int64_t rows,
-                                 int64_t group, int64_t nk, int64_t q_pos, int64_t k_pos,
+// Masks and the online softmax, element-wise along the rows: turns s[j, r]
+// into p (in place), sets alpha[r] (the factor that rescales row r's
+// accumulator) and updates the running max m[r] and sum l[r]. Row r's query
+// sits at q_pos[r] (-1: a padding row, which sees nothing); key j at k_pos + j.
+inline void prefill_softmax_step(float* s, float* m, float* l, float* alpha, float* mx,
+                                 const int32_t* q_pos, int64_t R, int64_t nk, int64_t k_pos,
                                  int64_t window) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * kPrefillKeys;
-    const int64_t qp = q_pos + r / group;
-    // Keys [lo, hi] are visible to this query: causal, and within the window.
-    const int64_t hi = qp - k_pos;
-    const int64_t lo = window > 0 ? qp - window + 1 - k_pos : 0;
-    const int64_t j0 = lo > 0 ? lo : 0, j1 = hi + 1 < nk ? hi + 1 : nk;
-    if (j0 >= j1) {  // nothing visible in this tile: the row is left as it was
-      alpha[r] = 1.f;
-      for (int64_t j = 0; j < nk; ++j) sr[j] = 0.f;
-      continue;
+  // window <= 0: no window; a bound no position difference reaches.
+  const int32_t win = window > 0 ? static_cast<int32_t>(window) : 0x7fffffff;
+#pragma omp simd
+  for (int64_t r = 0; r < R; ++r) mx[r] = m[r];
+  for (int64_t j = 0; j < nk; ++j) {
+    const int32_t kp = static_cast<int32_t>(k_pos + j);
+    float* sj = s + j * R;
+#pragma omp simd
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t diff = q_pos[r] - kp;  // causal: diff >= 0; window: diff < win
+      const float v = (diff >= 0 && diff < win) ? sj[r] : kPrefillNegInf;
+      mx[r] = v > mx[r] ? v : mx[r];
     }
-    float mx = sr[j0];
-    for (int64_t j = j0 + 1; j < j1; ++j) mx = sr[j] > mx ? sr[j] : mx;
-    const float m_new = mx > m[r] ? mx : m[r];
-    // m[r] starts at -inf: fast_exp clamps, and the accumulator it scales is zero.
-    alpha[r] = fast_exp(m[r] - m_new);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < nk; ++j) {
-      const float e = (j >= j0 && j < j1) ? fast_exp(sr[j] - m_new) : 0.f;
-      sr[j] = e;
-      sum += e;
+  }
+#pragma omp simd
+  for (int64_t r = 0; r < R; ++r) {
+    alpha[r] = fast_exp(m[r] - mx[r]);
+    l[r] *= alpha[r];
+    m[r] = mx[r];
+  }
+  for (int64_t j = 0; j < nk; ++j) {
+    const int32_t kp = static_cast<int32_t>(k_pos + j);
+    float* sj = s + j * R;
+#pragma omp simd
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t diff = q_pos[r] - kp;
+      const float e = fast_exp(sj[r] - m[r]);
+      const float p = (diff >= 0 && diff < win) ? e : 0.f;
+      sj[r] = p;
+      l[r] += p;
     }
-    l[r] = l[r] * alpha[r] + sum;
-    m[r] = m_new;
   }
 }
 
@@ -157,14 +181,17 @@ void paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const
                                const int32_t* seq_lens, int64_t seqs, int64_t heads,
                                int64_t kv_heads, int64_t D, int64_t block_size,
                                int64_t max_blocks, float scale, int64_t window) {
+#ifdef ENGINE_VEC_WIDTH
+  constexpr int64_t kPad = W;
+#else
+  constexpr int64_t kPad = 1;
+#endif
   const int64_t group = heads / kv_heads;
   const int64_t tile_tokens = kPrefillRows / group > 0 ? kPrefillRows / group : 1;
   const int64_t max_rows = tile_tokens * group;
+  const int64_t max_R = (max_rows + kPad - 1) / kPad * kPad;
   const int64_t head_stride = block_size * D;
   const int64_t block_stride = kv_heads * head_stride;
-#ifdef ENGINE_VEC_WIDTH
-  const bool vec = D % W == 0;
-#endif
 
   // The work list, the longest tiles (latest queries) of each sequence first so
   // that the dynamic schedule ends with short items.
@@ -190,14 +217,20 @@ void paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const
 
 #pragma omp parallel if (n_items > 1)
   {
-    float* q = static_cast<float*>(malloc(sizeof(float) * max_rows * D));
-    float* o = static_cast<float*>(malloc(sizeof(float) * max_rows * D));
-    float* s = static_cast<float*>(malloc(sizeof(float) * max_rows * kPrefillKeys));
-    float* kt = static_cast<float*>(malloc(sizeof(float) * D * kPrefillKeys));
-    float* v = static_cast<float*>(malloc(sizeof(float) * kPrefillKeys * D));
-    float* m = static_cast<float*>(malloc(sizeof(float) * max_rows * 3));
-    float* l = m + max_rows;
-    float* alpha = l + max_rows;
+    float* qt = static_cast<float*>(malloc(sizeof(float) * D * max_R));
+    float* o = static_cast<float*>(malloc(sizeof(float) * max_R * D));
+    float* s = static_cast<float*>(malloc(sizeof(float) * kPrefillKeys * max_R));
+    float* m = static_cast<float*>(malloc(sizeof(float) * max_R * 4));
+    float* l = m + max_R;
+    float* alpha = l + max_R;
+    float* mx = alpha + max_R;
+    int32_t* q_pos = static_cast<int32_t*>(malloc(sizeof(int32_t) * max_R));
+    // bfloat16 keys/values are widened here; float32 ones are read in place.
+    float* kv_buf = IsBf16<T>::value
+                        ? static_cast<float*>(malloc(sizeof(float) * 2 * kPrefillKeys * D))
+                        : nullptr;
+    const float* krow[kPrefillKeys];
+    const float* vrow[kPrefillKeys];
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
@@ -206,75 +239,71 @@ void paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const
       const int64_t len = seq_lens[b];
       const int64_t q_len = query_start_loc[b + 1] - query_start_loc[b];
       // Query row t of the sequence sits at absolute position len - q_len + (t - q0).
-      const int64_t q_pos = len - q_len + (item.t_begin - query_start_loc[b]);
+      const int64_t first_pos = len - q_len + (item.t_begin - query_start_loc[b]);
       const int64_t tokens = item.t_end - item.t_begin;
       const int64_t rows = tokens * group;
+      const int64_t R = (rows + kPad - 1) / kPad * kPad;
       const int32_t* table = block_tables + b * max_blocks;
       const int64_t head_off = kh * head_stride;
 
       // Row r = i * group + g: token i of the tile, query head kh * group + g,
-      // contiguous in query's [T, heads, D] layout.
-      for (int64_t i = 0; i < tokens; ++i) {
-        const T* src = query + ((item.t_begin + i) * heads + kh * group) * D;
-        float* dst = q + i * group * D;
-#pragma omp simd
-        for (int64_t e = 0; e < group * D; ++e) dst[e] = Elem<T>::load(src[e]) * scale;
-      }
-      for (int64_t e = 0; e < rows * D; ++e) o[e] = 0.f;
-      for (int64_t r = 0; r < rows; ++r) {
-        m[r] = -INFINITY;
+      // contiguous in query's [T, heads, D] layout; stored transposed.
+      for (int64_t r = 0; r < R; ++r) {
+        if (r < rows) {
+          const T* src = query + ((item.t_begin + r / group) * heads + kh * group + r % group) * D;
+          for (int64_t d = 0; d < D; ++d) qt[d * R + r] = Elem<T>::load(src[d]) * scale;
+          q_pos[r] = static_cast<int32_t>(first_pos + r / group);
+        } else {
+          for (int64_t d = 0; d < D; ++d) qt[d * R + r] = 0.f;
+          q_pos[r] = -1;
+        }
+        m[r] = kPrefillNegInf;
         l[r] = 0.f;
       }
+      for (int64_t e = 0; e < rows * D; ++e) o[e] = 0.f;
 
-      const int64_t last = q_pos + tokens - 1;  // the tile's last query position
+      const int64_t last = first_pos + tokens - 1;  // the tile's last query position
       int64_t first = 0;
-      if (window > 0 && q_pos - window + 1 > 0) first = q_pos - window + 1;
+      if (window > 0 && first_pos - window + 1 > 0) first = first_pos - window + 1;
       for (int64_t k0 = first; k0 <= last; k0 += kPrefillKeys) {
         const int64_t nk = last + 1 - k0 < kPrefillKeys ? last + 1 - k0 : kPrefillKeys;
-        // Gather the key tile transposed and the value tile as floats.
         for (int64_t j = 0; j < nk; ++j) {
           const T* kr = cache_row(key_cache, table, k0 + j, block_size, block_stride, head_off, D);
           const T* vr = cache_row(value_cache, table, k0 + j, block_size, block_stride, head_off, D);
-          for (int64_t d = 0; d < D; ++d) kt[d * kPrefillKeys + j] = Elem<T>::load(kr[d]);
-          float* vd = v + j * D;
+          if constexpr (IsBf16<T>::value) {
+            float* kd = kv_buf + j * D;
+            float* vd = kv_buf + (kPrefillKeys + j) * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) vd[d] = Elem<T>::load(vr[d]);
+            for (int64_t d = 0; d < D; ++d) {
+              kd[d] = Elem<T>::load(kr[d]);
+              vd[d] = Elem<T>::load(vr[d]);
+            }
+            krow[j] = kd;
+            vrow[j] = vd;
+          } else {
+            krow[j] = reinterpret_cast<const float*>(kr);
+            vrow[j] = reinterpret_cast<const float*>(vr);
+          }
         }
-        for (int64_t j = nk; j < kPrefillKeys; ++j)
-          for (int64_t d = 0; d < D; ++d) kt[d * kPrefillKeys + j] = 0.f;
-
-#ifdef ENGINE_VEC_WIDTH
-        if (vec)
-          prefill_scores(s, q, kt, rows, D);
-        else
-#endif
-          prefill_scores_scalar(s, q, kt, rows, D);
-        prefill_softmax_step(s, m, l, alpha, rows, group, nk, q_pos, k0, window);
-#ifdef ENGINE_VEC_WIDTH
-        if (vec)
-          prefill_pv(o, s, alpha, v, rows, nk, D);
-        else
-#endif
-          prefill_pv_scalar(o, s, alpha, v, rows, nk, D);
+        prefill_scores(s, krow, qt, R, nk, D);
+        prefill_softmax_step(s, m, l, alpha, mx, q_pos, R, nk, k0, window);
+        prefill_pv(o, s, alpha, vrow, rows, nk, R, D);
       }
 
-      for (int64_t i = 0; i < tokens; ++i) {
-        T* dst = out + ((item.t_begin + i) * heads + kh * group) * D;
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = i * group + g;
-          const float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
-          const float* orow = o + r * D;
+      for (int64_t r = 0; r < rows; ++r) {
+        T* dst = out + ((item.t_begin + r / group) * heads + kh * group + r % group) * D;
+        const float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
+        const float* orow = o + r * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) dst[g * D + d] = Elem<T>::store(orow[d] * inv);
-        }
+        for (int64_t d = 0; d < D; ++d) dst[d] = Elem<T>::store(orow[d] * inv);
       }
     }
-    free(q);
+    free(qt);
     free(o);
     free(s);
-    free(kt);
-    free(v);
     free(m);
+    free(q_pos);
+    free(kv_buf);
   }
   free(items);
 }

@@ -98,7 +98,7 @@ def measure(size: str, dtype: str, lengths, repeats: int, peer_python, env, tmp:
                 side_env["PYTHONPATH"] = root
             sides[name] = Worker([python, __file__, "--child", name, "--model", model,
                                   "--dtype", dtype], side_env, tmp / f"{name}.log",
-                                 f"{name} run")
+                                 f"{name} run", rss_interval=0.25)
         print(f"engine code path: {sides['engine'].ready.get('isa')}")
         best = {name: {} for name in sides}
         seed = 0
@@ -122,6 +122,8 @@ def measure(size: str, dtype: str, lengths, repeats: int, peer_python, env, tmp:
             row += f" {n / v:>9.0f} ({v * 1e3:>5.0f}ms) {v / e:>7.2f}x"
             targets.record(f"{size} {dtype} {n} tokens: prefill vs vLLM", v / e, PEER_TARGET)
         print(row)
+    # the baseline keeps one copy of each panel layer's weight (VLLM_CPU_LINEAR_LARGE_M=0)
+    print("peak RSS: " + ", ".join(f"{name} {side.rss.peak:.0f} MB" for name, side in sides.items()))
 
 
 def main() -> int:

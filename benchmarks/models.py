@@ -28,7 +28,7 @@ def num_params(size: str) -> int:
     return 2 * v * h + layers * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + h
 
 
-def make_model(folder: Path, size: str) -> Path:
+def make_model(folder: Path, size: str, max_pos: int = MAX_POS) -> Path:
     """The checkpoint (transformers writes it, fixed seed), with a tokenizer
     whose every id is a word, so that any generated id decodes in both engines."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -36,7 +36,7 @@ def make_model(folder: Path, size: str) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     shape = MODEL_SIZES[size]
-    make_checkpoint(folder, "llama", max_pos=MAX_POS, init_std=0.02, **shape)
+    make_checkpoint(folder, "llama", max_pos=max_pos, init_std=0.02, **shape)
     words = list(dict.fromkeys(WORDS))
     words += [f"w{i}" for i in range(shape["vocab_size"] - 3 - len(words))]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
@@ -47,7 +47,7 @@ def make_model(folder: Path, size: str) -> Path:
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": MAX_POS}))
+        "unk_token": "<unk>", "model_max_length": max_pos}))
     return folder
 
 

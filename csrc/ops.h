@@ -42,6 +42,12 @@ std::string compiled_isas();
 // Whether the kernel table in use has the packed linear kernel.
 bool has_linear();
 bool has_linear_bf16_pairs();
+// Whether the kernel table in use has the prefill attention kernel.
+bool has_paged_prefill_attention();
+void paged_prefill_attention(at::Tensor& out, const at::Tensor& query,
+                             const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                             const at::Tensor& seq_lens, double scale, int64_t sliding_window);
 void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
             const std::optional<at::Tensor>& bias);
 bool has_int8_linear();

@@ -38,6 +38,14 @@ TORCH_LIBRARY(_C, m) {
   m.def(
       "int8_linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor weight_scale, "
       "Tensor weight_comp, Tensor? input_scale) -> ()");
+  // CPU only (for now): prefill and chunked-prefill attention over the paged
+  // cache; sequence b's queries are rows query_start_loc[b]..[b+1]-1, the last
+  // tokens of its seq_lens[b] cached ones. sliding_window -1: none.
+  m.def("cpu_has_paged_prefill_attention", &engine::cpu::has_paged_prefill_attention);
+  m.def(
+      "paged_prefill_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, float scale, "
+      "int sliding_window) -> ()");
 #endif
 }
 
@@ -54,6 +62,7 @@ TORCH_LIBRARY_IMPL(_C, CPU, m) {
   ENGINE_REGISTER_OPS(cpu)
   m.impl("linear", &engine::cpu::linear);
   m.impl("int8_linear", &engine::cpu::int8_linear);
+  m.impl("paged_prefill_attention", &engine::cpu::paged_prefill_attention);
 }
 #endif
 

@@ -74,7 +74,7 @@ def _cpu_report(info) -> dict:
     import torch
 
     from engine import envs
-    from engine.model_executor.layers.linear import cpu_linear_choice
+    from engine.model_executor.layers.linear import cpu_large_m_choice, cpu_linear_choice
     from engine.platforms import cpu_features
 
     features = cpu_features.current()
@@ -86,6 +86,8 @@ def _cpu_report(info) -> dict:
     for dtype in (torch.float32, torch.bfloat16):
         choice = cpu_linear_choice(dtype)
         out[f"linear_{str(dtype)[6:]}"] = f"{choice.mode} ({choice.reason})"
+        if choice.mode == cpu_features.PANELS:
+            out[f"linear_{str(dtype)[6:]}_large_batches"] = cpu_large_m_choice(dtype).reason
     try:
         gib = f"{envs.kvcache_space_bytes() / 2**30:g} GiB"
     except envs.EnvError as exc:

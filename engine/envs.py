@@ -13,6 +13,7 @@ from typing import Mapping
 CPU_ISA_CHOICES = ("auto", "avx512_bf16", "avx512", "avx2", "neon_bf16", "neon", "generic")
 CPU_MAX_ISA_CHOICES = ("avx512", "avx2", "generic")
 CPU_LINEAR_CHOICES = ("auto", "panels", "onednn", "plain")
+PREFILL_ATTENTION_CHOICES = ("paged", "sdpa")
 DEFAULT_KVCACHE_GIB = 4.0
 
 
@@ -67,6 +68,32 @@ def cpu_linear(env: Mapping[str, str] | None = None) -> str:
     prepacked oneDNN weights) and `plain` (torch's F.linear) insist on one,
     failing with one line where it cannot run here."""
     return _choice(_env(env), "VLLM_CPU_LINEAR", CPU_LINEAR_CHOICES, "auto")
+
+
+def cpu_linear_large_m(env: Mapping[str, str] | None = None) -> int | None:
+    """VLLM_CPU_LINEAR_LARGE_M: from how many rows (tokens of a step) a linear
+    layer that runs the engine's panel kernel switches to oneDNN's GEMM (or
+    torch's F.linear), which then keeps a second copy of the weight. `auto`
+    (default, or unset): the crossover measured for this CPU and dtype
+    (engine.platforms.cpu_features.LARGE_M_ROWS; `engine env` shows it); a
+    positive integer: that many rows; `0`: the panel kernel for every batch and
+    no second copy (the least memory)."""
+    env = _env(env)
+    raw = env.get("VLLM_CPU_LINEAR_LARGE_M", "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if not raw.isdigit():
+        raise EnvError(f"VLLM_CPU_LINEAR_LARGE_M={env['VLLM_CPU_LINEAR_LARGE_M']!r} is not "
+                       "valid; use auto, 0 (off) or a positive number of rows")
+    return int(raw)
+
+
+def prefill_attention(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_PREFILL_ATTENTION: how prompts attend. `paged` (default): the
+    engine's flash kernel over the paged KV cache (ops.paged_prefill_attention);
+    `sdpa`: torch's scaled_dot_product_attention over each prompt's own keys,
+    the engine's old path (kept to measure against: benchmarks/prefill.py)."""
+    return _choice(_env(env), "VLLM_PREFILL_ATTENTION", PREFILL_ATTENTION_CHOICES, "paged")
 
 
 def zentorch_weight_prepack(env: Mapping[str, str] | None = None) -> bool:

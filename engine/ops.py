@@ -16,7 +16,7 @@ from engine._kernels import load
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.
-DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear")}
+DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 
@@ -59,6 +59,26 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
                     seq_lens: torch.Tensor, scale: float) -> None:
     """Decode attention: one query token per sequence over its cached blocks."""
     _ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def paged_prefill_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, block_tables: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                            sliding_window: int = -1) -> None:
+    """Prefill (or chunked prefill) attention over the paged cache, written there first by
+    reshape_and_cache: sequence b's queries are rows query_start_loc[b]..[b+1]-1 of
+    query [T, heads, head_size], the last tokens of its seq_lens[b] cached ones; each
+    attends the keys at positions <= its own (and > its own - sliding_window; -1: none).
+    block_tables, query_start_loc and seq_lens are int32. The CPU kernel where the code
+    path in use has it, else the torch reference."""
+    impl = torch.ops._C if has_paged_prefill_attention() else reference
+    impl.paged_prefill_attention(out, query, key_cache, value_cache, block_tables,
+                                 query_start_loc, seq_lens, scale, sliding_window)
+
+
+def has_paged_prefill_attention() -> bool:
+    """Whether the CPU code path in use has the prefill attention kernel (every x86 path)."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_paged_prefill_attention())
 
 
 def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,

@@ -96,6 +96,38 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
     out.copy_(o)
 
 
+def paged_prefill_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, block_tables: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                            sliding_window: int) -> None:
+    """Sequence b's queries (rows query_start_loc[b]..[b+1]-1) are the last q_len of its
+    seq_lens[b] cached tokens; each attends the cached keys at positions <= its own
+    (and > its own - sliding_window when sliding_window > 0), in float32."""
+    _, kv_heads, block_size, head_size = key_cache.shape
+    heads = query.shape[1]
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for b, n in enumerate(lens):
+        q0, q1 = starts[b], starts[b + 1]
+        if q1 == q0:
+            continue
+        nblk = -(-n // block_size)
+        blocks = block_tables[b, :nblk].long()
+
+        def gather(cache: torch.Tensor) -> torch.Tensor:  # [kv_heads, n, head_size]
+            return cache[blocks].permute(1, 0, 2, 3).reshape(kv_heads, -1, head_size)[:, :n].float()
+
+        k, v = gather(key_cache), gather(value_cache)
+        q_pos = torch.arange(n - (q1 - q0), n, device=query.device)[:, None]
+        k_pos = torch.arange(n, device=query.device)[None, :]
+        mask = k_pos <= q_pos
+        if sliding_window > 0:
+            mask &= k_pos > q_pos - sliding_window
+        o = F.scaled_dot_product_attention(query[q0:q1].float().transpose(0, 1), k, v,
+                                           attn_mask=mask, scale=scale,
+                                           enable_gqa=kv_heads != heads)
+        out[q0:q1] = o.transpose(0, 1).to(out.dtype)
+
+
 def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
            bias: torch.Tensor | None) -> None:
     """The panel kernel's reference: unpack [ceil(N/16), K, 16] (or its k pairs,

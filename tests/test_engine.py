@@ -103,14 +103,14 @@ def bf16_linear_mode(request, monkeypatch):
     else:
         monkeypatch.setenv("VLLM_CPU_LINEAR", request.param)
         want = cf.LINEAR_MODES[request.param]
-    for cached in (cf.current, linear.cpu_linear_choice):
+    for cached in (cf.current, linear.cpu_linear_choice, linear.cpu_large_m_choice):
         cached.cache_clear()
     if ops.has_panel_linear():  # the code path import would pick under the cap
         ops.select_cpu_isa("auto")
     yield want
     monkeypatch.delenv("VLLM_CPU_MAX_ISA", raising=False)
     monkeypatch.delenv("VLLM_CPU_LINEAR", raising=False)
-    for cached in (cf.current, linear.cpu_linear_choice):
+    for cached in (cf.current, linear.cpu_linear_choice, linear.cpu_large_m_choice):
         cached.cache_clear()
     if ops.has_panel_linear():
         ops.select_cpu_isa("auto")
@@ -125,8 +125,14 @@ def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
     assert llm.core.executor.model.layers[0].input_layernorm.weight.dtype == torch.bfloat16
     assert llm.core.executor.linear_mode == bf16_linear_mode
     gate_up = llm.core.executor.model.layers[0].gate_up
+    from engine.model_executor.layers.linear import cpu_large_m_choice
+
+    large = cpu_large_m_choice(torch.bfloat16)  # panels keep oneDNN's copy for large batches
     assert (gate_up.packed is not None, gate_up.panels is not None) == (
-        bf16_linear_mode == "onednn-prepacked", bf16_linear_mode == "engine-panels")
+        bf16_linear_mode == "onednn-prepacked" or (
+            bf16_linear_mode == "engine-panels" and large.rows is not None
+            and large.mode == "onednn-prepacked"),
+        bf16_linear_mode == "engine-panels")
     if gate_up.panels is not None:  # k pairs exactly on the avx512_bf16 code path
         pairs = ops.panel_k_pack(torch.bfloat16) == 2
         assert gate_up.panels.shape[2] == (32 if pairs else 16)

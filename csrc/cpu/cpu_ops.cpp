@@ -82,6 +82,28 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                             a.max_blocks, static_cast<float>(scale));
 }
 
+bool has_paged_prefill_attention() { return kernels().paged_prefill_attention != nullptr; }
+
+void paged_prefill_attention(at::Tensor& out, const at::Tensor& query,
+                             const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                             const at::Tensor& seq_lens, double scale, int64_t sliding_window) {
+  Attention a = prepare_paged_prefill_attention(out, query, key_cache, value_cache, block_tables,
+                                                query_start_loc, seq_lens, scale,
+                                                sliding_window, at::kCPU);
+  const auto& table = kernels();
+  TORCH_CHECK(table.paged_prefill_attention != nullptr, "paged_prefill_attention: the ",
+              table.isa, " kernels have none; engine.ops runs the torch reference there");
+  if (a.seqs == 0 || query.size(0) == 0) return;
+  table.paged_prefill_attention(kdt(a.dtype), out.data_ptr(), query.const_data_ptr(),
+                                key_cache.const_data_ptr(), value_cache.const_data_ptr(),
+                                block_tables.const_data_ptr<int32_t>(),
+                                query_start_loc.const_data_ptr<int32_t>(),
+                                seq_lens.const_data_ptr<int32_t>(), a.seqs, a.heads,
+                                a.cache.kv_heads, a.cache.head_size, a.cache.block_size,
+                                a.max_blocks, static_cast<float>(scale), sliding_window);
+}
+
 bool has_linear() { return kernels().linear != nullptr; }
 
 void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,

@@ -87,6 +87,22 @@ struct KernelTable {
   void (*int8_linear)(DType dt, void* out, const void* x, const float* static_scale,
                       const int8_t* packed, const float* w_scale, const int32_t* comp,
                       int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo);
+  // Prefill (and chunked-prefill) attention over the paged cache. query/out:
+  // [T, heads, head_size] contiguous; sequence b's queries are rows
+  // query_start_loc[b] .. query_start_loc[b + 1] - 1 and sit at the last
+  // q_len positions of its seq_lens[b] cached tokens; each attends the cached
+  // keys at positions <= its own (and > its own - sliding_window when
+  // sliding_window > 0). Validated by the caller. Null where not compiled
+  // (NEON: the caller runs the torch reference).
+  void (*paged_prefill_attention)(DType dt, void* out, const void* query,
+                                  const void* key_cache, const void* value_cache,
+                                  const int32_t* block_tables,
+                                  const int32_t* query_start_loc,
+                                  const int32_t* seq_lens, int64_t seqs,
+                                  int64_t heads, int64_t kv_heads,
+                                  int64_t head_size, int64_t block_size,
+                                  int64_t max_blocks, float scale,
+                                  int64_t sliding_window);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is

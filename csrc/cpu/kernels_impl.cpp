@@ -840,6 +840,25 @@ void paged_attention(DType dt, void* out, const void* query, const void* kc,
                       bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
 }
 
+#include "prefill_attention_impl.h"
+
+void paged_prefill_attention(DType dt, void* out, const void* query, const void* kc,
+                             const void* vc, const int32_t* bt, const int32_t* qsl,
+                             const int32_t* sl, int64_t seqs, int64_t heads, int64_t kv_heads,
+                             int64_t head_size, int64_t block_size, int64_t max_blocks,
+                             float scale, int64_t sliding_window) {
+  if (dt == DType::kFloat32)
+    paged_prefill_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
+                              static_cast<const float*>(kc), static_cast<const float*>(vc), bt,
+                              qsl, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks,
+                              scale, sliding_window);
+  else
+    paged_prefill_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
+                              static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),
+                              bt, qsl, sl, seqs, heads, kv_heads, head_size, block_size,
+                              max_blocks, scale, sliding_window);
+}
+
 #ifdef ENGINE_VEC_WIDTH
 #include "linear_impl.h"
 
@@ -888,7 +907,7 @@ void linear_bf16_pairs(void* out, const void* x, const void* packed, const void*
 const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
-    ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR,
+    ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, paged_prefill_attention,
 };
 
 }  // namespace

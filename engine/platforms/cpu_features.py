@@ -230,3 +230,55 @@ def _onednn_choice(dtype: str, features: CpuFeatures, torch_support: TorchLinear
     have = next(s for s in needs if s <= features.flags)
     return LinearChoice(PREPACKED, f"the CPU has {'+'.join(sorted(have))} for oneDNN's "
                                    f"{dtype} path")
+
+
+# --- large batches (prefill) -----------------------------------------------
+
+#: Rows (tokens of a step) from which oneDNN's prepacked GEMM beats the engine's
+#: panel kernel, per code path and dtype. Measured with 2 threads on the
+#: benchmark Llamas' MLP shapes (K x N = 512 x 2752 and 2048 x 10912) on an AMD
+#: EPYC with AVX-512 and AVX512_BF16 (no AMX), the cores shared with other work,
+#: so the figures are coarse (GFLOP/s, panels / oneDNN): float32 M=512 21/32 and
+#: 53/35, M=1500 33/47 and 27/41; bfloat16 M=512 25/46 and 77/84, M=1500 46/67
+#: and 79/86; at M <= 256 the panels win or tie on the large shape. The avx2
+#: panels (same machine, VLLM_CPU_ISA=avx2; oneDNN there still used AVX-512),
+#: float32: M=128 6/12 and 24/36, M=512 15/32 and 20/33. bfloat16 on AVX2 has no
+#: oneDNN path (F.linear would run), so it keeps the panels for every M. On AMX
+#: CPUs bfloat16 runs oneDNN for every M already (choose_linear).
+LARGE_M_ROWS = {
+    ("avx512_bf16", "float32"): 512, ("avx512_bf16", "bfloat16"): 512,
+    ("avx512", "float32"): 512, ("avx512", "bfloat16"): 512,
+    ("avx2", "float32"): 128,
+}
+
+
+@dataclass(frozen=True)
+class LargeMChoice:
+    rows: int | None   # from this many rows the second path runs; None: panels always
+    mode: str          # PREPACKED or PLAIN: how those large batches run
+    reason: str
+
+
+def choose_large_m(dtype: str, isa: str | None, linear: LinearChoice,
+                   torch_support: TorchLinearSupport, features: CpuFeatures,
+                   requested: int | None = None) -> LargeMChoice:
+    """Where layers run the panel kernel (`linear.mode == PANELS`), from how many
+    rows a step's GEMM goes to oneDNN (prepacked: a second copy of the weight)
+    or F.linear instead. `requested`: VLLM_CPU_LINEAR_LARGE_M (None: auto)."""
+    if linear.mode != PANELS:
+        return LargeMChoice(None, linear.mode, f"{linear.mode} runs every batch size")
+    onednn = _onednn_choice(dtype, features, torch_support)
+    mode = PREPACKED if onednn.mode == PREPACKED else PLAIN
+    how = "oneDNN (prepacked)" if mode == PREPACKED else "F.linear"
+    if requested == 0:
+        return LargeMChoice(None, PANELS, "VLLM_CPU_LINEAR_LARGE_M=0: the panel kernel for "
+                                          "every batch, no second weight copy")
+    if requested is not None:
+        return LargeMChoice(requested, mode, f"VLLM_CPU_LINEAR_LARGE_M={requested}: {how} "
+                                             f"from {requested} rows (a second weight copy)")
+    rows = LARGE_M_ROWS.get((isa or "", dtype))
+    if rows is None:
+        return LargeMChoice(None, PANELS, f"no crossover measured for {isa} {dtype}")
+    return LargeMChoice(rows, mode, f"{how} from {rows} rows, as measured for {isa} {dtype} "
+                                    "(a second weight copy; VLLM_CPU_LINEAR_LARGE_M=0 saves it)")
+

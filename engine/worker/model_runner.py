@@ -45,7 +45,8 @@ class ModelRunner:
     def execute(self, x: StepInputs) -> torch.Tensor:
         """The logits of each sequence's last token."""
         set_context(ForwardContext(x.is_prefill, x.slots, cu_seqlens=x.cu_seqlens,
-                                   block_tables=x.block_tables, seq_lens=x.seq_lens))
+                                   block_tables=x.block_tables, seq_lens=x.seq_lens,
+                                   query_start_loc=x.query_start_loc))
         try:
             return self.model(x.ids, x.positions, x.last)
         finally:
@@ -60,15 +61,16 @@ class StepInputs:
     slots: torch.Tensor
     last: torch.Tensor
     cu_seqlens: list[int] | None
-    block_tables: torch.Tensor | None
-    seq_lens: torch.Tensor | None
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor | None  # prefill: where each sequence's queries start
 
 
 def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequence],
                    is_prefill: bool) -> StepInputs:
     """The batch's model inputs: what every tensor-parallel rank runs."""
     ids, positions, slots, last = [], [], [], []
-    cu = tables = seq_lens = None
+    cu = query_start_loc = None
     if is_prefill:
         cu = [0]
         for s in seqs:  # a preempted sequence is recomputed from its first token
@@ -78,20 +80,22 @@ def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequen
             slots += [blocks.slot(s, p) for p in range(n)]
             cu.append(cu[-1] + n)
             last.append(cu[-1] - 1)
+        query_start_loc = _tensor(device, cu, torch.int32)
     else:
-        width = max(len(s.block_table) for s in seqs)
         for i, s in enumerate(seqs):
             p = len(s) - 1
             ids.append(s.token_ids[-1])
             positions.append(p)
             slots.append(blocks.slot(s, p))
             last.append(i)
-        tables = _tensor(device, [s.block_table + [0] * (width - len(s.block_table))
-                                  for s in seqs], torch.int32)
-        seq_lens = _tensor(device, [len(s) for s in seqs], torch.int32)
+    # prefill reads the paged cache too (paged_prefill_attention)
+    width = max(len(s.block_table) for s in seqs)
+    tables = _tensor(device, [s.block_table + [0] * (width - len(s.block_table))
+                              for s in seqs], torch.int32)
+    seq_lens = _tensor(device, [len(s) for s in seqs], torch.int32)
     return StepInputs(is_prefill, _tensor(device, ids, torch.int64),
                       _tensor(device, positions, torch.int64), _tensor(device, slots, torch.int64),
-                      _tensor(device, last, torch.int64), cu, tables, seq_lens)
+                      _tensor(device, last, torch.int64), cu, tables, seq_lens, query_start_loc)
 
 
 def _tensor(device: torch.device, data, dtype) -> torch.Tensor:

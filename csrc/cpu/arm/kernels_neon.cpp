@@ -483,6 +483,7 @@ const KernelTable table = {
     rotary_embedding,       reshape_and_cache, paged_attention,
     nullptr,  // linear: no NEON panel kernel yet, torch's linear runs
     nullptr,  // linear_bf16_pairs (x86 AVX512_BF16 only)
+    nullptr,  // paged_prefill_attention: not yet on NEON, the torch reference runs
 };
 
 }  // namespace

@@ -1,18 +1,21 @@
 """Attention over the paged KV cache: new keys/values are stored with
-reshape_and_cache; prefill attends with torch's SDPA over each sequence's own
-tokens, decode with the paged_attention kernel.
+reshape_and_cache first; prefill then attends with the paged_prefill_attention
+kernel over the cache (so a prompt whose prefix is already cached, or one run
+in chunks, reads the same blocks), sliding windows included; decode with
+paged_attention. VLLM_PREFILL_ATTENTION=sdpa keeps the old prefill: torch's
+SDPA over each prompt's own keys.
 
-A sliding window (Gemma's local layers) or logit soft-capping (Gemma 2) is
-computed in torch, prefill and decode alike (engine.model_executor.layers.
-windowed_attention): the paged_attention kernel takes neither yet."""
+Logit soft-capping (Gemma 2), and a sliding window in decode, are computed in
+torch (engine.model_executor.layers.windowed_attention): the kernels that
+would need them take neither yet."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import ops
-from engine.forward_context import get_context
+from engine import envs, ops
+from engine.forward_context import ForwardContext, get_context
 from engine.model_executor.layers import windowed_attention
 
 
@@ -25,6 +28,7 @@ class Attention(nn.Module):
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.sliding_window, self.softcap = sliding_window, softcap
         self.k_cache = self.v_cache = torch.empty(0)  # set by the model runner
+        self.sdpa_prefill = envs.prefill_attention() == "sdpa"
 
     def _in_torch(self, longest: int) -> bool:
         """Whether a window or cap changes the result (a window shorter than every
@@ -38,22 +42,17 @@ class Attention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
-        if self.k_cache.numel():
+        cached = self.k_cache.numel() > 0
+        if cached:
             ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         out = torch.empty_like(q)
-        if ctx.is_prefill:
-            gqa = self.num_heads != self.num_kv_heads
-            for start, end in zip(ctx.cu_seqlens[:-1], ctx.cu_seqlens[1:]):
-                if self._in_torch(end - start):
-                    out[start:end] = windowed_attention.attend(
-                        q[start:end], k[start:end], v[start:end], self.scale,
-                        self.sliding_window, self.softcap)
-                    continue
-                o = F.scaled_dot_product_attention(
-                    q[start:end].transpose(0, 1), k[start:end].transpose(0, 1),
-                    v[start:end].transpose(0, 1), is_causal=True, scale=self.scale,
-                    enable_gqa=gqa)
-                out[start:end] = o.transpose(0, 1)
+        if ctx.is_prefill and (self.sdpa_prefill or not cached or self.softcap is not None):
+            self._torch_prefill(out, q, k, v, ctx)
+        elif ctx.is_prefill:
+            window = -1 if self.sliding_window is None else self.sliding_window
+            ops.paged_prefill_attention(out, q.contiguous(), self.k_cache, self.v_cache,
+                                        ctx.block_tables, ctx.query_start_loc, ctx.seq_lens,
+                                        self.scale, window)
         elif self._in_torch(int(ctx.seq_lens.max())):
             windowed_attention.decode(out, q, self.k_cache, self.v_cache, ctx.block_tables,
                                       ctx.seq_lens, self.scale, self.sliding_window, self.softcap)
@@ -61,3 +60,18 @@ class Attention(nn.Module):
             ops.paged_attention(out, q.contiguous(), self.k_cache, self.v_cache,
                                 ctx.block_tables, ctx.seq_lens, self.scale)
         return out.view(tokens, self.num_heads * self.head_dim)
+
+    def _torch_prefill(self, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, ctx: ForwardContext) -> None:
+        """Each prompt over its own keys (whole prompts only: no cached prefix)."""
+        gqa = self.num_heads != self.num_kv_heads
+        for start, end in zip(ctx.cu_seqlens[:-1], ctx.cu_seqlens[1:]):
+            if self._in_torch(end - start):
+                out[start:end] = windowed_attention.attend(
+                    q[start:end], k[start:end], v[start:end], self.scale,
+                    self.sliding_window, self.softcap)
+                continue
+            o = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1), k[start:end].transpose(0, 1),
+                v[start:end].transpose(0, 1), is_causal=True, scale=self.scale, enable_gqa=gqa)
+            out[start:end] = o.transpose(0, 1)

@@ -55,11 +55,24 @@ def pack_panels(weight: torch.Tensor, k_pack: int = 1) -> torch.Tensor:
     return out
 
 
+@lru_cache(maxsize=None)
+def cpu_large_m_choice(dtype: torch.dtype) -> cpu_features.LargeMChoice:
+    """From how many rows panel layers of `dtype` switch to oneDNN / F.linear."""
+    from engine import envs
+
+    return cpu_features.choose_large_m(dtype_name(dtype), ops.cpu_isa(), cpu_linear_choice(dtype),
+                                       cpu_features.TorchLinearSupport.detect(),
+                                       cpu_features.current(), envs.cpu_linear_large_m())
+
+
 def log_cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
     choice = cpu_linear_choice(dtype)
     if dtype_name(dtype) not in _logged:
         _logged.add(dtype_name(dtype))
         logger.info("linear layers (%s): %s: %s", dtype_name(dtype), choice.mode, choice.reason)
+        if choice.mode == cpu_features.PANELS:
+            large = cpu_large_m_choice(dtype)
+            logger.info("linear layers (%s), large batches: %s", dtype_name(dtype), large.reason)
     return choice
 
 
@@ -78,6 +91,8 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None   # oneDNN's layout
         self.panels: torch.Tensor | None = None   # the engine's (pack_panels)
         self.quant_method = None  # a quantized checkpoint's (layers/quantization)
+        # With panels: from this many rows, `packed` (or the plain weight) runs instead.
+        self.large_rows: int | None = None
 
     def prepare(self, mode: str, batch_hint: int = 16) -> None:
         """Lay the weight out for `mode` (a cpu_features mode); the plain copy is
@@ -89,6 +104,14 @@ class Linear(nn.Module):
             return
         if mode == cpu_features.PANELS:
             self.panels = pack_panels(self.weight.data, ops.panel_k_pack(self.weight.dtype))
+            large = cpu_large_m_choice(self.weight.dtype)
+            self.large_rows = large.rows
+            if large.rows is not None and large.mode == cpu_features.PREPACKED:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data,
+                                                                      large.rows)
+            elif large.rows is not None:  # F.linear on the plain weight, kept
+                self.out_features = self.weight.shape[0]
+                return
         elif mode == cpu_features.PREPACKED:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, batch_hint)
         else:
@@ -100,7 +123,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant_method is not None:
             return self.quant_method.apply(self, x)
-        if self.panels is not None:
+        rows = x.numel() // x.shape[-1]
+        if self.panels is not None and (self.large_rows is None or rows < self.large_rows):
             x2 = x.reshape(-1, x.shape[-1])
             if x2.stride(-1) != 1:
                 x2 = x2.contiguous()

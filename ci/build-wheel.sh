@@ -60,6 +60,10 @@ if [ "$device" = empty ]; then
   exit 2
 fi
 
+# Reproducible wheels: every timestamp a tool writes (scikit-build-core, auditwheel,
+# tools/reproducible.py) is the commit's, so a rebuild of one commit is byte-identical.
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct)}
+
 venv="$repo/.venvs/build-$variant"
 CROSS_SETTINGS=()
 if [ "$arch" != "$(uname -m)" ]; then
@@ -131,6 +135,8 @@ echo "==> repairing with auditwheel"
 mkdir -p "$outdir"
 built=("$tmp"/repaired/*.whl)
 [ ${#built[@]} -eq 1 ] || { echo "error: expected one repaired wheel, got ${#built[@]}" >&2; exit 1; }
+# sorted members, one timestamp and mode scheme: the archive depends on its contents alone
+(cd "$repo" && "$host_python" -m tools.reproducible "${built[0]}")
 name=$(basename "${built[0]}")
 for old in "$outdir"/vllm_engine-*."$variant"-*_"$arch".whl; do
   [ -e "$old" ] && [ "$(basename "$old")" != "$name" ] && { echo "removing stale $old"; rm -f "$old"; }

@@ -5,7 +5,9 @@
 # embedded default folder index (or --index DIR|s3://...), then installs the
 # result into a fresh virtual environment with the contract's uv command and
 # smoke-tests it.
-#   ci/nightly-local.sh [--index INDEX] [--variants cpu,cu130] [--allow-dirty]
+#   ci/nightly-local.sh [--index INDEX] [--variants cpu,cu130] [--allow-dirty] [--force]
+# Runs any number of times on one commit: its wheels rebuild byte-identical, and
+# publishing identical bytes is a no-op (--force replaces wheels that differ).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ -z "${PYTHON:-}" ] && [ ! -x "$REPO/.venv/bin/python" ]; then bash "$REPO/ci/setup-dev.sh"; fi
@@ -13,11 +15,13 @@ source "$REPO/ci/lib.sh"
 index=$(default_index)
 variants=""
 allow_dirty=0
+publish_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --index) index=$2; shift 2 ;;
     --variants) variants=${2//,/ }; shift 2 ;;
     --allow-dirty) allow_dirty=1; shift ;;
+    --force) publish_args+=(--force); shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +39,7 @@ if [ $allow_dirty = 0 ] && [ -n "$(git -C "$REPO" status --porcelain --untracked
 fi
 echo "==> nightly for $(git -C "$REPO" rev-parse --short HEAD): variants [$variants] -> $index"
 for v in $variants; do
-  bash "$REPO/ci/pipeline.sh" "$v" --index "$index"
+  bash "$REPO/ci/pipeline.sh" "$v" --index "$index" ${publish_args[@]+"${publish_args[@]}"}
 done
 
 echo "==> installing from the index into a fresh environment"
@@ -82,3 +86,6 @@ import torch, engine
 x = torch.randn(4, 64); out = torch.empty_like(x)
 engine.ops.rms_norm(out, x, torch.ones(64), 1e-6)
 print('installed from the index and ran:', engine.__version__, engine.BUILD_INFO.variant, engine.ops.cpu_isa())")
+echo "==> done; the index server is stopped. To serve this index again and install from it:"
+echo "  (cd $REPO && $PYTHON -m wheel_index serve --index $index --port 8000)"
+echo "  $UV pip install vllm-engine --extra-index-url http://127.0.0.1:8000/$folder/cpu --index-strategy first-index --torch-backend cpu"

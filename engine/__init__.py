@@ -8,9 +8,11 @@ SamplingParams) load on first use, so that `engine --help` starts at once.
 """
 from __future__ import annotations
 
+from engine import omp_wait_policy as _omp_wait_policy
 from engine._kernels import check_installed as _check_installed
 from engine.build_info import BuildInfo
 
+_omp_wait_policy.apply()  # before anything loads torch, and with it libgomp
 _check_installed()
 
 __all__ = ["BUILD_INFO", "BuildInfo", "LLM", "SamplingParams", "ops", "__version__"]

@@ -18,6 +18,9 @@ from engine.platforms import current as current_platform
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+#: the share of a GPU's memory the engine may take, weights and KV cache together
+#: (upstream's --gpu-memory-utilization and its default)
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -92,11 +95,43 @@ def blocks_from_env(model: ModelConfig, block_size: int, dtype: torch.dtype) -> 
     return max(space // kv_cache_bytes_per_block(model, block_size, dtype), 0)
 
 
+def gpu_kv_cache_bytes(free: int, total: int, utilization: float, weights: int) -> int:
+    """The KV cache a GPU can hold, as upstream sizes it: the engine may take
+    `utilization` of the device's memory, less what others hold now (total -
+    free) and the weights it is about to load."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+    space = int(total * utilization) - (total - free) - weights
+    if space <= 0:
+        raise ValueError(
+            f"no GPU memory is left for the KV cache: {utilization:.2f} of {total / 2**30:.1f} "
+            f"GiB, less {(total - free) / 2**30:.1f} GiB in use and {weights / 2**30:.1f} GiB of "
+            "weights; raise gpu_memory_utilization, free the GPU or use a smaller model")
+    return space
+
+
+def checkpoint_bytes(path: Path, model: ModelConfig, dtype: torch.dtype) -> int:
+    """The weights' size once loaded in dtype, from the checkpoint files (stored
+    in the config's torch_dtype, float32 when it names none)."""
+    stored = DTYPES.get(model.torch_dtype or "", torch.float32).itemsize
+    size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+    return size * dtype.itemsize // stored
+
+
+def blocks_from_gpu(path: Path, model: ModelConfig, block_size: int, dtype: torch.dtype,
+                    utilization: float, device: torch.device) -> int:
+    free, total = torch.cuda.mem_get_info(device)
+    space = gpu_kv_cache_bytes(free, total, utilization, checkpoint_bytes(path, model, dtype))
+    return space // kv_cache_bytes_per_block(model, block_size, dtype)
+
+
 def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block_size: int = 128,
                          max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                          max_model_len: int | None = None, num_kv_blocks: int | None = None,
                          bind_threads: bool = True, tensor_parallel_size: int = 1,
-                         distributed_executor_backend: str | None = None) -> EngineConfig:
+                         distributed_executor_backend: str | None = None,
+                         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+                         ) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
     torch_dtype = resolve_dtype(dtype, mc)
@@ -106,12 +141,20 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
         raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
     max_len = min(max_model_len or mc.max_position, mc.max_position)
     budget = batch_bounds(max_len, max_num_seqs, max_num_batched_tokens)
-    num_blocks = num_kv_blocks or blocks_from_env(mc, block_size, torch_dtype)
+    device = current_platform().device()
+    if num_kv_blocks:
+        num_blocks = num_kv_blocks
+    elif device.type == "cuda":  # the GPU's own memory, not the host's
+        num_blocks = blocks_from_gpu(path, mc, block_size, torch_dtype, gpu_memory_utilization,
+                                     device)
+    else:
+        num_blocks = blocks_from_env(mc, block_size, torch_dtype)
     if num_blocks * block_size < max_len:
+        fix = "gpu_memory_utilization" if device.type == "cuda" else "VLLM_CPU_KVCACHE_SPACE"
         raise ValueError(
             f"the KV cache ({num_blocks} blocks of {block_size} tokens) cannot hold one "
             f"sequence of the model's context ({max_len} tokens); raise "
-            "VLLM_CPU_KVCACHE_SPACE or lower max_model_len")
+            f"{fix} or lower max_model_len")
     mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
     backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend)
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,

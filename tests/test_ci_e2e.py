@@ -28,6 +28,19 @@ def test_nightly_local_on_a_fresh_clone(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("0 problem(s) in "), res.stdout
 
+    # the same commit again: the wheel rebuilds byte-identical, so publishing is a no-op
+    res = run(["bash", clone / "ci" / "nightly-local.sh", "--index", index, "--variants", "cpu"],
+              env={**_env(), "GITHUB_REF": "refs/heads/main"}, cwd=clone)
+    assert "unchanged vllm_engine-" in res.stdout and "stored    " not in res.stdout, res.stdout
+    assert "wheel_index serve --index" in res.stdout.splitlines()[-2]  # how to serve it again
+
+
+def test_nightly_local_takes_force():
+    res = subprocess.run(["bash", REPO / "ci" / "nightly-local.sh", "--force", "--no-such"],
+                         env={**__import__("os").environ, **_env()}, capture_output=True,
+                         text=True, cwd=REPO)
+    assert res.returncode == 2 and res.stderr.strip() == "unknown argument --no-such", res.stderr
+
 
 @pytest.mark.slow
 def test_failed_smoke_test_publishes_nothing(tmp_path):

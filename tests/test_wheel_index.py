@@ -336,10 +336,15 @@ def test_serve_pages_json_negotiation_and_cache_headers(served):
 
 
 @pytest.mark.parametrize("path", ["/../secret.txt", "/%2e%2e/secret.txt", "/nightly/%2E%2E/%2e%2e/secret.txt",
-                                  "/escape.txt", "/nightly/..%2f..%2fsecret.txt", "/a%00b"])
+                                  "/nightly/..%2f..%2fsecret.txt", "/a%00b"])
 def test_serve_never_leaves_its_root(served, path):
     r, body = get(served[0], path)
     assert r.status == 400 and b"secret" not in body
+
+
+def test_serve_a_link_out_of_the_root_is_not_found(served):
+    r, body = get(served[0], "/escape.txt")
+    assert r.status == 404 and b"secret" not in body
 
 
 def test_serve_answers_bad_requests_with_4xx(served):

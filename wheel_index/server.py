@@ -7,29 +7,29 @@ with sendfile, so memory stays flat in file size and in clients; HEAD reads no
 body; a single byte range is served (206, or 416 when unsatisfiable); ETag and
 Last-Modified come with every file and If-None-Match / If-Modified-Since get
 304. A project name that is not normalized redirects to the normalized one
-(PEP 503). A fixed pool of threads serves connections; more connections wait.
+(PEP 503). A fixed pool of threads serves requests whose heads have all
+arrived (wheel_index/connections.py): slow clients wait without a thread.
 """
 from __future__ import annotations
 
 import email.utils
 import http.server
+import io
 import os
-import queue
 import socket
+import socketserver
 import stat
-import threading
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
+from wheel_index.connections import (DEFAULT_THREADS, HEADER_TIMEOUT, IDLE_TIMEOUT,
+                                     GatheringServer)
 from wheel_index.layout import HTML_CT, PROJECT, SIMPLE_JSON_CT, cache_control, content_type
 
-DEFAULT_THREADS = 64
 #: files up to this size go out with their headers in one write; larger ones stream
 SMALL = 64 << 10
-#: seconds an idle keep-alive connection may hold a thread of the pool
-IDLE_TIMEOUT = 15
 
 V1_HTML = "application/vnd.pypi.simple.v1+html"
 #: what a folder can be answered with, in the order a tie is decided, and the
@@ -103,10 +103,17 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
     root_real: str  # the root with every symlink resolved, once
     server_version = "vllm-engine-index"
     protocol_version = "HTTP/1.1"
-    timeout = IDLE_TIMEOUT
-    # headers and body go out in two writes: without TCP_NODELAY the second waits for
-    # the client's delayed ACK (40 ms) on every keep-alive request
-    disable_nagle_algorithm = True
+
+    def setup(self):
+        """One request whose head has already arrived (a connections.Request):
+        it is parsed from memory; only the answer touches the socket."""
+        self.connection = self.request.sock
+        self.rfile = io.BytesIO(self.request.head)
+        self.wfile = socketserver._SocketWriter(self.connection)
+
+    def handle(self):
+        self.close_connection = True
+        self.handle_one_request()  # the server hands a kept-alive connection back to wait
 
     def log_message(self, fmt, *args):  # quiet by default; requests are not secrets but noise
         if os.environ.get("VLLM_INDEX_LOG"):
@@ -130,7 +137,8 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def _resolve(self, url_path: str) -> tuple[str, str] | None:
-        """(file system path, storage key); None when the path leaves the root.
+        """(file system path, storage key); None when the path is not one the
+        index can have ('..', NUL, a backslash, encoded or not).
         Plain os.path on strings: this runs on every request."""
         path = unquote(url_path)
         if "\x00" in path or "\\" in path:
@@ -139,11 +147,15 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         if any(p in (".", "..") for p in parts):
             return None
         key = "/".join(parts)
-        target = os.path.join(self.root_real, key) if key else self.root_real
-        real = os.path.realpath(target)
-        if real != self.root_real and not real.startswith(self.root_real + os.sep):
-            return None  # a symlink out of the root
-        return real, key
+        return (os.path.join(self.root_real, key) if key else self.root_real), key
+
+    def _inside(self, path: str) -> str | None:
+        """path with every symlink resolved, or None when that leaves the root:
+        the one check every path opened goes through, after all its joins."""
+        real = os.path.realpath(path)
+        if real == self.root_real or real.startswith(self.root_real + os.sep):
+            return real
+        return None
 
     def do_GET(self):
         self._answer(body=True)
@@ -158,34 +170,34 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
             return self._error(400, "Bad Request: path leaves the index")
         target, key = resolved
         ctype = None
-        if os.path.isdir(target):
+        folder = self._inside(target)
+        if folder is not None and os.path.isdir(folder):
             if not url.path.endswith("/"):
                 return self._redirect(url.path + "/")
             ctype = negotiate(self.headers.get("Accept", ""))
             name = "index.json" if ctype == SIMPLE_JSON_CT else "index.html"
-            if name == "index.json" and not os.path.isfile(os.path.join(target, name)):
+            if name == "index.json" and not os.path.isfile(os.path.join(folder, name)):
                 ctype, name = HTML_CT, "index.html"
-            target = os.path.join(target, name)
+            target = os.path.join(folder, name)
             key = f"{key}/{name}" if key else name
         elif not os.path.lexists(target):
             normalized = _normalized(url.path)
             if normalized:
                 return self._redirect(normalized)
-        try:
-            f = open(target, "rb") if body else None
-        except OSError:
+        real = self._inside(target)  # the file itself, which may be a link out of the root
+        if real is None:
             return self._error(404, "Not Found")
         try:
-            st = os.fstat(f.fileno()) if f else os.stat(target)
+            # the resolved path has no links left; O_NOFOLLOW refuses one swapped in since
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
-            st = None
-        try:
-            if st is None or not stat.S_ISREG(st.st_mode):
+            return self._error(404, "Not Found")
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
                 return self._error(404, "Not Found")
-            self._send_file(f, st, ctype or content_type(key), key, negotiated=ctype is not None)
-        finally:
-            if f:
-                f.close()
+            self._send_file(f if body else None, st, ctype or content_type(key), key,
+                            negotiated=ctype is not None)
 
     def _send_file(self, f, st, ctype: str, key: str, negotiated: bool) -> None:
         etag = f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
@@ -246,6 +258,7 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         return False
 
     def _not_allowed(self):
+        self.close_connection = True  # its body, if any, is never read
         self.send_response(405)
         self.send_header("Allow", "GET, HEAD")
         self.send_header("Content-Length", "0")
@@ -263,54 +276,9 @@ def _normalized(url_path: str) -> str | None:
     return quote("/".join(fixed), safe="/%") if fixed != parts else None
 
 
-class PooledHTTPServer(http.server.HTTPServer):
-    """An HTTP server whose connections are served by a fixed pool of threads:
-    a crowd of clients queues instead of growing threads and memory without
-    bound. Closing it cuts the open connections, so Ctrl-C stops at once."""
-
-    def __init__(self, address, handler, threads: int = DEFAULT_THREADS):
-        super().__init__(address, handler)
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._workers = [threading.Thread(target=self._work, daemon=True,
-                                          name=f"index-serve-{i}") for i in range(threads)]
-        for t in self._workers:
-            t.start()
-
-    def process_request(self, request, client_address):
-        self._queue.put((request, client_address))
-
-    def _work(self):
-        while (item := self._queue.get()) is not None:
-            request, address = item
-            with self._lock:
-                self._open.add(request)
-            try:
-                self.finish_request(request, address)
-            except (ConnectionError, socket.timeout):
-                pass  # the client went away
-            except Exception:
-                self.handle_error(request, address)
-            finally:
-                with self._lock:
-                    self._open.discard(request)
-                self.shutdown_request(request)
-
-    def server_close(self):
-        super().server_close()
-        for _ in self._workers:
-            self._queue.put(None)
-        with self._lock:
-            for s in list(self._open):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
 def make_server(root: Path, host: str = "127.0.0.1", port: int = 0,
-                threads: int = DEFAULT_THREADS) -> PooledHTTPServer:
+                threads: int = DEFAULT_THREADS, header_timeout: float = HEADER_TIMEOUT,
+                idle_timeout: float = IDLE_TIMEOUT) -> GatheringServer:
     handler = type("Handler", (IndexHandler,), {"root": Path(root).absolute(),
                                                 "root_real": os.path.realpath(root)})
-    return PooledHTTPServer((host, port), handler, threads)
+    return GatheringServer((host, port), handler, threads, header_timeout, idle_timeout)

@@ -74,12 +74,14 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   Attention a = prepare_paged_attention(out, query, key_cache, value_cache, block_tables,
                                         seq_lens, scale, at::kCPU);
   if (a.seqs == 0) return;
-  kernels().paged_attention(kdt(a.dtype), out.data_ptr(), query.const_data_ptr(),
-                            key_cache.const_data_ptr(), value_cache.const_data_ptr(),
-                            block_tables.const_data_ptr<int32_t>(),
-                            seq_lens.const_data_ptr<int32_t>(), a.seqs, a.heads,
-                            a.cache.kv_heads, a.cache.head_size, a.cache.block_size,
-                            a.max_blocks, static_cast<float>(scale));
+  const int64_t failed = kernels().paged_attention(
+      kdt(a.dtype), out.data_ptr(), query.const_data_ptr(), key_cache.const_data_ptr(),
+      value_cache.const_data_ptr(), block_tables.const_data_ptr<int32_t>(),
+      seq_lens.const_data_ptr<int32_t>(), a.seqs, a.heads, a.cache.kv_heads, a.cache.head_size,
+      a.cache.block_size, a.max_blocks, static_cast<float>(scale));
+  TORCH_CHECK_WITH(OutOfMemoryError, failed == 0, "paged_attention: a thread could not allocate ",
+                   failed, " bytes of scratch for sequences of up to this batch's longest; "
+                   "lower max_model_len or free memory");
 }
 
 bool has_paged_prefill_attention() { return kernels().paged_prefill_attention != nullptr; }

@@ -57,8 +57,10 @@ struct KernelTable {
   // Decode attention, one query token per sequence.
   // query/out: [seqs, heads, head_size] contiguous.
   // block_tables: [seqs, max_blocks] int32, seq_lens: [seqs] int32; both
-  // already validated by the caller against the cache size.
-  void (*paged_attention)(DType dt, void* out, const void* query,
+  // already validated by the caller against the cache size. Returns 0, or the
+  // bytes of per-thread scratch a thread could not allocate (nothing is then
+  // left to trust in out: the caller raises).
+  int64_t (*paged_attention)(DType dt, void* out, const void* query,
                           const void* key_cache, const void* value_cache,
                           const int32_t* block_tables, const int32_t* seq_lens,
                           int64_t seqs, int64_t heads, int64_t kv_heads,

@@ -624,7 +624,7 @@ inline void prefetch_row(const T* cache, const int32_t* table, int64_t t, int64_
 #endif
 
 template <typename T>
-void paged_attention_t(T* out, const T* query, const T* key_cache,
+int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
                        const T* value_cache, const int32_t* block_tables,
                        const int32_t* seq_lens, int64_t seqs, int64_t heads,
                        int64_t kv_heads, int64_t head_size, int64_t block_size,
@@ -637,19 +637,28 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
   const bool vec_heads = head_size % (2 * W) == 0;
 #endif
 
+  // Per-thread scratch, sized for the longest sequence of the batch.
+  int64_t max_len = 1;
+  for (int64_t s = 0; s < seqs; ++s) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+  const int64_t scratch = sizeof(float) * (group * max_len + 2 * group * head_size + head_size);
+  int64_t failed = 0;
+
 #pragma omp parallel
   {
-    // Per-thread scratch, sized for the longest sequence of the batch.
-    int64_t max_len = 0;
-    for (int64_t s = 0; s < seqs; ++s)
-      max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
-    float* logits = static_cast<float*>(malloc(sizeof(float) * (group * (max_len > 0 ? max_len : 1))));
+    float* logits = static_cast<float*>(malloc(sizeof(float) * group * max_len));
     float* q = static_cast<float*>(malloc(sizeof(float) * group * head_size));
     float* acc = static_cast<float*>(malloc(sizeof(float) * group * head_size));
     float* row = static_cast<float*>(malloc(sizeof(float) * head_size));
+    // an exception cannot leave a parallel region: note it, skip the work, report after
+    const bool ok = logits && q && acc && row;
+    if (!ok) {
+#pragma omp atomic write
+      failed = scratch;
+    }
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
+      if (!ok) continue;
       const int64_t s = item / kv_heads;
       const int64_t kh = item % kv_heads;
       const int64_t len = seq_lens[s];
@@ -750,6 +759,7 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
     free(acc);
     free(row);
   }
+  return failed;
 }
 
 // ---- type dispatch (the table's entry points) -------------------------------
@@ -825,19 +835,18 @@ void reshape_and_cache(int64_t elem_size, const void* key, const void* value,
                         slots, tokens, kv_heads, head_size, block_size, kts, khs, vts, vhs);
 }
 
-void paged_attention(DType dt, void* out, const void* query, const void* kc,
-                     const void* vc, const int32_t* bt, const int32_t* sl,
-                     int64_t seqs, int64_t heads, int64_t kv_heads,
-                     int64_t head_size, int64_t block_size, int64_t max_blocks,
-                     float scale) {
+int64_t paged_attention(DType dt, void* out, const void* query, const void* kc,
+                        const void* vc, const int32_t* bt, const int32_t* sl,
+                        int64_t seqs, int64_t heads, int64_t kv_heads,
+                        int64_t head_size, int64_t block_size, int64_t max_blocks,
+                        float scale) {
   if (dt == DType::kFloat32)
-    paged_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
-                      static_cast<const float*>(kc), static_cast<const float*>(vc),
-                      bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
-  else
-    paged_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
-                      static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),
-                      bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
+    return paged_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
+                             static_cast<const float*>(kc), static_cast<const float*>(vc),
+                             bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
+  return paged_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
+                             static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),
+                             bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
 }
 
 #include "prefill_attention_impl.h"

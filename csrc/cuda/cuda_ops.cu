@@ -310,6 +310,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                     a.cache.head_size, " exceeds the CUDA kernel's maximum of ",
                     32 * kMaxDimsPerLane);
   if (a.seqs == 0) return;
+  // a grid's second dimension holds at most 65535 blocks (the first 2^31 - 1)
+  TORCH_CHECK_VALUE(a.seqs <= 65535, "paged_attention: ", a.seqs, " sequences in one batch; "
+                    "the CUDA kernel takes at most 65535 (lower max_num_seqs)");
   const c10::cuda::CUDAGuard guard(query.device());
   auto stream = c10::cuda::getCurrentCUDAStream();
   dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.seqs));

@@ -66,8 +66,10 @@ def _read_into(f, name: str, key: str, info: dict, dest: torch.Tensor) -> None:
     begin, end = info["data_offsets"]
     if end - begin != dest.numel() * dtype.itemsize:
         raise ValueError(f"{name}: {key} holds {end - begin} bytes, not {shape} of {dtype}")
-    target = dest if dest.dtype == dtype and dest.is_contiguous() else torch.empty(
-        shape, dtype=dtype)
+    # read straight into the parameter when its bytes are the file's and in host
+    # memory; otherwise (another dtype, a strided view, a GPU) through one CPU buffer
+    direct = dest.dtype == dtype and dest.is_contiguous() and dest.device.type == "cpu"
+    target = dest if direct else torch.empty(shape, dtype=dtype)
     f.seek(begin)
     buf = memoryview(target.view(-1).view(torch.uint8).numpy())
     if f.readinto(buf) != len(buf):

@@ -331,7 +331,7 @@ inline void axpy(float* acc, float p, const T* v, int64_t n) {
 // Work item: one (sequence, kv head) pair covering the `group` query heads
 // that share it, so each key/value row is read once per group.
 template <typename T>
-void paged_attention_t(T* out, const T* query, const T* key_cache,
+int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
                        const T* value_cache, const int32_t* block_tables,
                        const int32_t* seq_lens, int64_t seqs, int64_t heads,
                        int64_t kv_heads, int64_t head_size, int64_t block_size,
@@ -342,15 +342,24 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
   const int64_t block_stride = kv_heads * head_stride;
   int64_t max_len = 1;
   for (int64_t s = 0; s < seqs; ++s) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+  const int64_t scratch = sizeof(float) * (group * max_len + 2 * group * head_size);
+  int64_t failed = 0;
 
 #pragma omp parallel
   {
     float* logits = static_cast<float*>(malloc(sizeof(float) * group * max_len));
     float* q = static_cast<float*>(malloc(sizeof(float) * group * head_size));
     float* acc = static_cast<float*>(malloc(sizeof(float) * group * head_size));
+    // an exception cannot leave a parallel region: note it, skip the work, report after
+    const bool ok = logits && q && acc;
+    if (!ok) {
+#pragma omp atomic write
+      failed = scratch;
+    }
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
+      if (!ok) continue;
       const int64_t s = item / kv_heads;
       const int64_t kh = item % kv_heads;
       const int64_t len = seq_lens[s];
@@ -420,6 +429,7 @@ void paged_attention_t(T* out, const T* query, const T* key_cache,
     free(q);
     free(acc);
   }
+  return failed;
 }
 
 // ---- type dispatch (the table's entry points) ---------------------------------------
@@ -463,19 +473,18 @@ void rotary_embedding(DType dt, const int64_t* pos, void* x, const void* cache,
              heads, ts, hs, rot_dim, cs, neox);
 }
 
-void paged_attention(DType dt, void* out, const void* query, const void* kc,
-                     const void* vc, const int32_t* bt, const int32_t* sl,
-                     int64_t seqs, int64_t heads, int64_t kv_heads,
-                     int64_t head_size, int64_t block_size, int64_t max_blocks,
-                     float scale) {
+int64_t paged_attention(DType dt, void* out, const void* query, const void* kc,
+                        const void* vc, const int32_t* bt, const int32_t* sl,
+                        int64_t seqs, int64_t heads, int64_t kv_heads,
+                        int64_t head_size, int64_t block_size, int64_t max_blocks,
+                        float scale) {
   if (dt == DType::kFloat32)
-    paged_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
-                      static_cast<const float*>(kc), static_cast<const float*>(vc), bt, sl,
-                      seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
-  else
-    paged_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
-                      static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), bt,
-                      sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
+    return paged_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
+                             static_cast<const float*>(kc), static_cast<const float*>(vc), bt,
+                             sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
+  return paged_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
+                           static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), bt,
+                           sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
 }
 
 const KernelTable table = {

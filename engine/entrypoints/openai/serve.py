@@ -5,6 +5,8 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
+import sys
 import time
 
 logger = logging.getLogger("engine")
@@ -21,6 +23,9 @@ def serve(args) -> int:
     from engine.entrypoints.openai.stream_pacer import parse_interval
 
     interval = parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
+    listener = _listen(args.host, args.port)  # a busy port, too, before minutes of loading
+    if listener is None:
+        return 1
 
     t0 = time.perf_counter()
     core = EngineCore(args.model, args.dtype, block_size=args.block_size,
@@ -65,7 +70,7 @@ def serve(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
     try:
-        return asyncio.run(_serve(server, llm))
+        return asyncio.run(_serve(server, llm, listener))
     finally:
         gc.unfreeze()  # a caller in the same process (tests) gets its heap back
 
@@ -93,13 +98,26 @@ def warm_up(core) -> float:
 WARM_UP_TOKENS = 4
 
 
-async def _serve(server, llm) -> int:
+def _listen(host: str, port: int) -> socket.socket | None:
+    """The server's socket, bound as uvicorn binds it; None (and one line on
+    stderr) when the address cannot be had."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).lower()
+        print(f"error: cannot listen on {host}:{port}: {why}; choose another --port "
+              "(or stop what is using it)", file=sys.stderr)
+        return None
+
+
+async def _serve(server, llm, listener: socket.socket) -> int:
     """uvicorn and the engine's step loop in this thread's event loop (AsyncLLM.run
     says why): a request under way when the server stops still ends."""
     steps = asyncio.ensure_future(llm.run())
     steps.add_done_callback(lambda _: _stop_when_dead(server, llm))
     try:
-        await server.serve()
+        await server.serve(sockets=[listener])
     except SystemExit:  # uvicorn exits (3) when it cannot bind; it logged why
         return 1
     finally:

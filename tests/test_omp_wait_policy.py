@@ -1,0 +1,42 @@
+"""engine.omp_wait_policy: OpenMP threads sleep at barriers (PASSIVE) when the
+allowed CPUs are already busy as the engine starts; a setting given is kept."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+from engine import omp_wait_policy as wp
+
+
+def test_busy_cpus_get_passive_waiting(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert wp.choose({}, load=1.0, cpus=2) == "PASSIVE"  # one busy neighbour on 2 cores
+    assert wp.choose({}, load=0.1, cpus=2) is None  # quiet: libgomp's spinning default
+    assert wp.choose({}, load=None, cpus=2) is None
+
+
+def test_the_load_is_shared_out_over_the_machine(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert wp.choose({}, load=8.0, cpus=2) is None  # 8 busy of 64: a quarter CPU on our 2
+    assert wp.choose({}, load=32.0, cpus=2) == "PASSIVE"
+
+
+def test_a_given_setting_is_kept(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for given in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"}):
+        assert wp.choose(given, load=4.0, cpus=2) is None
+
+
+@pytest.mark.slow  # a Python start with torch
+def test_import_engine_sets_it_before_torch_loads():
+    probe = ("import os; os.getloadavg = lambda: (9.0, 9.0, 9.0)\n"
+             "import engine, torch\n"
+             "print(os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    res = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env={**env, "PYTHONPATH": str(REPO)})
+    assert res.stdout.strip() == "PASSIVE", res.stdout + res.stderr

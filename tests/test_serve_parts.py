@@ -342,7 +342,7 @@ def test_serve_freezes_the_start_up_heap_while_serving(tiny, monkeypatch):
         def __init__(self, config):
             self.started, self.should_exit, self.force_exit = True, False, False
 
-        async def serve(self):
+        async def serve(self, sockets=None):
             seen["frozen"] = gc.get_freeze_count()
             seen["young"] = len(gc.get_objects(generation=2))
 

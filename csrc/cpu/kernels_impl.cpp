@@ -231,6 +231,12 @@ inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
 }
 #endif
 
+// Every code path, the portable one too (the prefill attention reads it).
+template <typename T>
+struct IsBf16 { static constexpr bool value = false; };
+template <>
+struct IsBf16<uint16_t> { static constexpr bool value = true; };
+
 #ifdef ENGINE_VEC_WIDTH
 constexpr int64_t W = ENGINE_VEC_WIDTH;
 // Pair order: 2 * W elements of T as two float vectors, in an order of the
@@ -324,11 +330,6 @@ inline void scale_row(T* y, const float* x, const float* w, int64_t n, float inv
   for (; i + W <= n; i += W) vstore(y + i, vmul(vmul(vload(x + i), vi), vload(w + i)));
   for (; i < n; ++i) y[i] = Elem<T>::store(x[i] * inv * w[i]);
 }
-
-template <typename T>
-struct IsBf16 { static constexpr bool value = false; };
-template <>
-struct IsBf16<uint16_t> { static constexpr bool value = true; };
 
 // Per-thread float copies of the weight and of one row, for bfloat16 only:
 // converting the weight once per thread instead of once per row, and the row

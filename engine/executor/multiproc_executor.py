@@ -33,6 +33,7 @@ logger = logging.getLogger("engine")
 
 class MultiprocExecutor:
     def __init__(self, config: EngineConfig, blocks: BlockManager):
+        self.eos_token_ids = config.model.eos_token_ids  # the driver samples
         world = config.tensor_parallel_size
         # every rank's binding checked before any process starts: errors are one line here
         bindings = cpu_binding.plan_all(world) if config.bind_threads else [None] * world
@@ -111,7 +112,7 @@ class MultiprocExecutor:
             self.check_health()
             raise RankDiedError(f"tensor parallel step failed: {str(exc).splitlines()[0]}") \
                 from None
-        return sample(logits, [s.params for s in seqs], [s.generator(logits.device) for s in seqs])
+        return sample(logits, seqs, self.eos_token_ids)
 
     def shutdown(self) -> None:
         if getattr(self, "_closing", False):

@@ -67,6 +67,7 @@ class RayExecutor:
 
         from engine.distributed.parallel_state import DistInit
 
+        self.eos_token_ids = config.model.eos_token_ids  # the driver samples
         world = config.tensor_parallel_size
         self.blocks, self.dead = blocks, None
         ray.init(address=envs.ray_address(), ignore_reinit_error=True, log_to_driver=False)
@@ -109,7 +110,7 @@ class RayExecutor:
         self.check_health()
         inputs = prepare_inputs(self.blocks, torch.device("cpu"), seqs, is_prefill)
         logits = self._get([a.execute.remote(inputs) for a in self.actors])[0]
-        return sample(logits, [s.params for s in seqs], [s.generator(logits.device) for s in seqs])
+        return sample(logits, seqs, self.eos_token_ids)
 
     def shutdown(self) -> None:
         import ray

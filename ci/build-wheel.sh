@@ -62,7 +62,12 @@ fi
 
 # Reproducible wheels: every timestamp a tool writes (scikit-build-core, auditwheel,
 # tools/reproducible.py) is the commit's, so a rebuild of one commit is byte-identical.
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct)}
+# A tree without git (an image build's copy) takes 1980-01-01, zip's first date: as
+# fixed, if not as telling.
+if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
+  SOURCE_DATE_EPOCH=$(git -C "$repo" log -1 --format=%ct 2>/dev/null) || SOURCE_DATE_EPOCH=
+  export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-315532800}
+fi
 
 venv="$repo/.venvs/build-$variant"
 CROSS_SETTINGS=()

@@ -154,3 +154,22 @@ def test_no_block_is_held_twice_lost_or_shared_unequal(ops):
             for i, b in enumerate(s.block_table[:len(s) // 8]):
                 assert content.setdefault(b, s.token_ids[i * 8:(i + 1) * 8]) == \
                     s.token_ids[i * 8:(i + 1) * 8]
+
+
+def test_prefix_cache_counters_reach_the_metrics():
+    from types import SimpleNamespace
+
+    from engine.entrypoints.openai.metrics import Metrics
+
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    core = SimpleNamespace(blocks=bm, scheduler=SimpleNamespace(running=[], waiting=[]))
+    m = Metrics("tiny")
+    tokens = list(range(2 * BS + 1))
+    for _ in range(2):
+        s = seq(tokens)
+        bm.count_lookup(s, len(run(bm, s)) * BS)
+        m.on_step(core)
+    text = m.render().decode()
+    assert f'vllm:prefix_cache_queries_total{{model_name="tiny"}} {2.0 * len(tokens)}' in text
+    assert f'vllm:prefix_cache_hits_total{{model_name="tiny"}} {2.0 * BS}' in text
+    assert 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.5' in text  # 2 x 3 blocks, 2 shared

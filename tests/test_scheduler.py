@@ -126,3 +126,16 @@ def test_chunked_prefill_and_prefix_caching_default_on(monkeypatch):
     Model.hf = {}
     monkeypatch.setenv("VLLM_PREFILL_ATTENTION", "sdpa")
     assert prefix_reading(Model, None, None) == (False, False)
+
+
+def test_the_flags_are_upstreams():
+    import argparse
+
+    from engine.cli import scheduler_args
+
+    p = argparse.ArgumentParser()
+    scheduler_args(p)
+    assert vars(p.parse_args([])) == {"enable_chunked_prefill": None,
+                                      "enable_prefix_caching": None}
+    args = p.parse_args(["--no-enable-chunked-prefill", "--enable-prefix-caching"])
+    assert (args.enable_chunked_prefill, args.enable_prefix_caching) == (False, True)

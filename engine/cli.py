@@ -14,7 +14,9 @@ def _llm(args):
     return LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                tensor_parallel_size=args.tensor_parallel_size,
-               distributed_executor_backend=args.distributed_executor_backend)
+               distributed_executor_backend=args.distributed_executor_backend,
+               enable_chunked_prefill=args.enable_chunked_prefill,
+               enable_prefix_caching=args.enable_prefix_caching)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -23,7 +25,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    scheduler_args(p)
     parallel_args(p)
+
+
+def scheduler_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=None, help="prefill long prompts in chunks of the step's token "
+                   "budget while the running sequences decode (default: on)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=None, help="reuse the KV blocks of a prompt prefix computed before "
+                   "(default: on)")
 
 
 def parallel_args(p: argparse.ArgumentParser) -> None:
@@ -82,8 +94,10 @@ def _serve_parser(sub) -> None:
                    help="context length (default: the model's)")
     s.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch")
     s.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens in one step (at least --max-model-len: no chunked prefill)")
+                   help="tokens in one step (default 2048 with chunked prefill; without it, "
+                   "at least --max-model-len)")
     s.add_argument("--block-size", type=int, default=128)
+    scheduler_args(s)
     parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: MODEL as given)")

@@ -18,6 +18,9 @@ from engine.platforms import current as current_platform
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+#: the budget of a step with chunked prefill: small enough that a long prompt,
+#: prefilled in chunks, leaves the running streams a step every chunk
+DEFAULT_CHUNKED_MAX_NUM_BATCHED_TOKENS = 2048
 #: the share of a GPU's memory the engine may take, weights and KV cache together
 #: (upstream's --gpu-memory-utilization and its default)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -36,6 +39,8 @@ class EngineConfig:
     bind_threads: bool
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: one process (uniproc)
+    enable_chunked_prefill: bool = False
+    enable_prefix_caching: bool = False
 
 
 def available_memory_bytes() -> int | None:
@@ -49,27 +54,51 @@ def available_memory_bytes() -> int | None:
 
 
 def batch_bounds(max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int | None) -> int:
+                 max_num_batched_tokens: int | None, chunked_prefill: bool = False) -> int:
     """The token budget of one step, checked against the other bounds.
 
-    Prefill is not chunked: a prompt is run whole in one step, so the budget
-    must hold the longest sequence (max_model_len) and one decode token for
-    every running sequence (max_num_seqs). A budget the user chose is never
-    raised behind their back; an unset one is the larger of 8192 and both."""
+    It must hold one decode token for every running sequence (max_num_seqs).
+    Without chunked prefill a prompt is run whole in one step, so it must hold
+    the longest sequence (max_model_len) too. A budget the user chose is never
+    raised behind their back; an unset one is the larger of the default and
+    those bounds."""
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     if max_num_batched_tokens is None:
+        if chunked_prefill:
+            return max(DEFAULT_CHUNKED_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
         return max(DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len, max_num_seqs)
-    if max_num_batched_tokens < max_model_len:
+    if not chunked_prefill and max_num_batched_tokens < max_model_len:
         raise ValueError(
             f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
-            f"({max_model_len}): a prompt is prefilled in one step (no chunked prefill), so "
-            "raise max_num_batched_tokens or lower max_model_len")
+            f"({max_model_len}): without chunked prefill a prompt is prefilled in one step, so "
+            "raise max_num_batched_tokens, lower max_model_len or enable chunked prefill")
     if max_num_batched_tokens < max_num_seqs:
         raise ValueError(
             f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
             f"({max_num_seqs}): each running sequence decodes one token per step")
     return max_num_batched_tokens
+
+
+def prefix_reading(mc: ModelConfig, chunked: bool | None, prefix: bool | None
+                   ) -> tuple[bool, bool]:
+    """(enable_chunked_prefill, enable_prefix_caching): on unless turned off, as
+    upstream V1. Both need prefill attention that reads earlier tokens from the
+    paged cache; VLLM_PREFILL_ATTENTION=sdpa and logit soft-capping (Gemma 2)
+    attend over the prompt's own keys only, so there both default to off."""
+    why = None
+    if envs.prefill_attention() == "sdpa":
+        why = "VLLM_PREFILL_ATTENTION=sdpa attends over whole prompts only"
+    elif mc.hf.get("attn_logit_softcapping") is not None:
+        why = "attention logit soft-capping is computed over whole prompts only"
+    for name, value in (("enable_chunked_prefill", chunked), ("enable_prefix_caching", prefix)):
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        if value and why:
+            raise ValueError(f"{name}: {why}; turn {name} off")
+    if why:
+        return False, False
+    return chunked is not False, prefix is not False
 
 
 def kv_cache_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -131,6 +160,8 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          bind_threads: bool = True, tensor_parallel_size: int = 1,
                          distributed_executor_backend: str | None = None,
                          gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+                         enable_chunked_prefill: bool | None = None,
+                         enable_prefix_caching: bool | None = None,
                          ) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
@@ -140,7 +171,8 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     if max_model_len is not None and max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
     max_len = min(max_model_len or mc.max_position, mc.max_position)
-    budget = batch_bounds(max_len, max_num_seqs, max_num_batched_tokens)
+    chunked, prefix = prefix_reading(mc, enable_chunked_prefill, enable_prefix_caching)
+    budget = batch_bounds(max_len, max_num_seqs, max_num_batched_tokens, chunked)
     device = current_platform().device()
     if num_kv_blocks:
         num_blocks = num_kv_blocks
@@ -158,7 +190,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
     backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend)
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
-                        budget, bind_threads, tensor_parallel_size, backend)
+                        budget, bind_threads, tensor_parallel_size, backend, chunked, prefix)
 
 
 def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | None:

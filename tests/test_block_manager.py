@@ -1,51 +1,175 @@
-"""The KV cache's block bookkeeping (engine.core.kv_cache_manager), on stand-in sequences."""
+"""The KV cache's block bookkeeping (engine.core.kv_cache_manager): free
+lists, reference counts, and the prefix cache's hash chain and LRU eviction."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.kv_cache_manager import BlockManager
+from engine.core.kv_cache_manager import BlockManager, block_hash
+from engine.core.sequence import Sequence
+from engine.sampling_params import SamplingParams
+
+BS = 16
 
 
-class Seq:
-    def __init__(self, n: int):
-        self.n, self.block_table = n, []
+def seq(tokens) -> Sequence:
+    return Sequence(list(tokens), SamplingParams(), None, 0)
 
-    def __len__(self) -> int:
-        return self.n
+
+def run(bm: BlockManager, s: Sequence, n: int | None = None) -> list[int]:
+    """Admit s as the scheduler does (cached prefix first), compute n of its
+    tokens (all: None), and cache the blocks it filled; its hits."""
+    computed = bm.computed_blocks(s)
+    s.num_computed_tokens = len(computed) * BS
+    n = len(s) - s.num_computed_tokens if n is None else n
+    assert bm.can_allocate(s, n, computed)
+    bm.allocate(s, n, computed)
+    s.num_computed_tokens += n
+    bm.cache_full_blocks(s)
+    return computed
 
 
 def test_the_blocks_freed_last_are_handed_out_first():
     """A stack, not a queue: a finished sequence's blocks, already touched
     (committed, maybe cached), go to the next sequence instead of fresh memory."""
-    bm = BlockManager(num_blocks=64, block_size=16)
-    a = Seq(40)
-    bm.allocate(a)
+    bm = BlockManager(num_blocks=64, block_size=BS)
+    a = seq(range(40))
+    run(bm, a)
     assert a.block_table == [0, 1, 2]
     used = list(a.block_table)
     bm.free_blocks(a)
-    b = Seq(33)
-    bm.allocate(b)
+    b = seq(range(33))
+    run(bm, b)
     assert b.block_table == used
-    b.n = 49  # a fourth block when the 49th token comes
-    bm.append(b)
+    b.token_ids.append(7)
+    b.token_ids += [7] * 15  # a fourth block when the 49th token comes
+    bm.allocate(b, 16)
     assert b.block_table == used + [3]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 100)), max_size=60))
-def test_no_block_is_held_twice_or_lost(ops):
-    bm = BlockManager(num_blocks=24, block_size=8)
-    live: list[Seq] = []
-    for allocate, n in ops:
-        if allocate:
-            s = Seq(n)
-            if bm.can_allocate(s):
-                bm.allocate(s)
+def test_the_hash_chains_over_the_whole_prefix():
+    one, two = list(range(BS)), list(range(BS, 2 * BS))
+    h1 = block_hash(b"", one)
+    assert block_hash(h1, two) != block_hash(block_hash(b"", two), two)
+    assert block_hash(h1, two) == block_hash(block_hash(b"", list(one)), two)
+    bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_caching=True)
+    run(bm, seq(one + two + [1]))
+    assert len(run(bm, seq(one + two + [5]))) == 2
+    assert run(bm, seq(two + two + [5])) == []  # same second block, other parent: no hit
+    assert len(run(bm, seq([9] + one[1:] + two + [5]))) == 0
+
+
+def test_the_last_prompt_token_is_always_computed():
+    bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_caching=True)
+    tokens = list(range(2 * BS))
+    run(bm, seq(tokens))
+    assert len(bm.computed_blocks(seq(tokens))) == 1  # the second block holds the last token
+    assert len(bm.computed_blocks(seq(tokens + [0]))) == 2
+
+
+def test_shared_blocks_are_counted_and_outlive_their_first_holder():
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    prefix = list(range(2 * BS))
+    a, b = seq(prefix + [1, 2]), seq(prefix + [3])
+    run(bm, a)
+    hits = run(bm, b)
+    assert hits == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert [bm.ref[x] for x in a.block_table] == [2, 2, 1]
+    assert bm.num_free == 8 - 4
+    bm.free_blocks(a)
+    assert [bm.ref[x] for x in b.block_table] == [1, 1, 1] and bm.num_free == 8 - 3
+    bm.free_blocks(b)
+    assert bm.num_free == 8 and sum(bm.ref) == 0
+    assert len(run(bm, seq(prefix + [4]))) == 2  # freed, still cached
+
+
+def test_a_block_is_cached_only_once_full_and_written():
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    tokens = list(range(3 * BS))
+    a = seq(tokens)
+    run(bm, a, BS + 5)  # a first chunk: one full block written, the second half-written
+    assert len(bm.computed_blocks(seq(tokens))) == 1
+    bm.allocate(a, len(a) - a.num_computed_tokens)  # the rest is scheduled, not yet written
+    assert len(bm.computed_blocks(seq(tokens))) == 1
+    a.num_computed_tokens = len(a)
+    bm.cache_full_blocks(a)
+    assert len(bm.computed_blocks(seq(tokens + [1]))) == 3
+
+
+def test_unreferenced_cached_blocks_are_evicted_least_recently_used_and_last():
+    bm = BlockManager(num_blocks=4, block_size=BS, enable_prefix_caching=True)
+    old, new = list(range(BS)), list(range(100, 100 + BS))
+    a = seq(old + [1])
+    run(bm, a)
+    bm.free_blocks(a)  # block of `old` cached, its uncached tail block free
+    b = seq(new + [1])
+    run(bm, b)
+    bm.free_blocks(b)
+    assert len(bm.evictable) == 2
+    c = seq(range(200, 200 + BS + 1))  # two blocks: the uncached free ones go first
+    run(bm, c)
+    assert len(bm.computed_blocks(seq(old + [1]))) == 1
+    assert len(bm.computed_blocks(seq(new + [1]))) == 1
+    d = seq(range(300, 301))  # one more block: `old`, used least recently, is evicted
+    run(bm, d)
+    assert bm.computed_blocks(seq(old + [1])) == []
+    assert len(bm.computed_blocks(seq(new + [1]))) == 1
+
+
+def test_without_prefix_caching_nothing_is_found():
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    tokens = list(range(3 * BS))
+    run(bm, seq(tokens))
+    assert bm.computed_blocks(seq(tokens)) == [] and not bm.cached
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 70), st.integers(0, 3)), max_size=50))
+def test_no_block_is_held_twice_lost_or_shared_unequal(ops):
+    """Random admissions (prompts drawn from 4 prefixes) and frees: every
+    block is free xor referenced by exactly its holders, and a block two
+    sequences share holds the same tokens in both."""
+    bm = BlockManager(num_blocks=24, block_size=8, enable_prefix_caching=True)
+    bm.block_size = 8
+    live: list[Sequence] = []
+    for admit, n, prefix in ops:
+        if admit:
+            s = seq([prefix] * 20 + list(range(n)))
+            computed = bm.computed_blocks(s)
+            s.num_computed_tokens = len(computed) * 8
+            if bm.can_allocate(s, len(s) - s.num_computed_tokens, computed):
+                bm.allocate(s, len(s) - s.num_computed_tokens, computed)
+                s.num_computed_tokens = len(s)
+                bm.cache_full_blocks(s)
                 live.append(s)
         elif live:
             bm.free_blocks(live.pop(n % len(live)))
         held = [b for s in live for b in s.block_table]
-        assert len(held) == len(set(held))
-        assert sorted(held + bm.free) == list(range(24))
-        assert bm.num_free == 24 - len(held)
+        assert sorted(set(held) | set(bm.free) | set(bm.evictable)) == list(range(24))
+        assert not set(held) & (set(bm.free) | set(bm.evictable))
+        assert all(bm.ref[b] == held.count(b) for b in range(24))
+        assert bm.num_free == 24 - len(set(held))
+        content = {}
+        for s in live:
+            for i, b in enumerate(s.block_table[:len(s) // 8]):
+                assert content.setdefault(b, s.token_ids[i * 8:(i + 1) * 8]) == \
+                    s.token_ids[i * 8:(i + 1) * 8]
+
+
+def test_prefix_cache_counters_reach_the_metrics():
+    from types import SimpleNamespace
+
+    from engine.entrypoints.openai.metrics import Metrics
+
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    core = SimpleNamespace(blocks=bm, scheduler=SimpleNamespace(running=[], waiting=[]))
+    m = Metrics("tiny")
+    tokens = list(range(2 * BS + 1))
+    for _ in range(2):
+        s = seq(tokens)
+        bm.count_lookup(s, len(run(bm, s)) * BS)
+        m.on_step(core)
+    text = m.render().decode()
+    assert f'vllm:prefix_cache_queries_total{{model_name="tiny"}} {2.0 * len(tokens)}' in text
+    assert f'vllm:prefix_cache_hits_total{{model_name="tiny"}} {2.0 * BS}' in text
+    assert 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.5' in text  # 2 x 3 blocks, 2 shared

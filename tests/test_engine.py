@@ -156,15 +156,18 @@ def test_bfloat16_generation(checkpoints, model_type, bf16_linear_mode):
 
 # prompts of 10, 3, 35, 11, 2, 12 tokens: each case's bounds bind at some step
 @pytest.mark.parametrize("max_num_seqs,max_num_batched_tokens", [(2, 48), (6, 48), (12, 64)])
-def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batched_tokens):
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
+def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batched_tokens,
+                                        chunked):
     llm = make_llm(checkpoints["llama"], max_num_seqs=max_num_seqs, max_model_len=48,
-                   max_num_batched_tokens=max_num_batched_tokens)
+                   max_num_batched_tokens=max_num_batched_tokens,
+                   enable_chunked_prefill=chunked)
     steps = []
     schedule = llm.core.scheduler.schedule
 
     def spy():
         seqs, is_prefill = schedule()
-        steps.append((len(seqs), sum(len(s) for s in seqs) if is_prefill else len(seqs)))
+        steps.append((len(seqs), sum(s.num_scheduled_tokens for s in seqs)))
         return seqs, is_prefill
 
     llm.core.scheduler.schedule = spy
@@ -180,16 +183,21 @@ def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batch
 
 def test_batch_bounds_are_honest(checkpoints):
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(40\) is smaller than "
-                       r"max_model_len \(64\).*no chunked prefill"):
-        make_llm(checkpoints["llama"], max_model_len=64, max_num_batched_tokens=40)
+                       r"max_model_len \(64\): without chunked prefill"):
+        make_llm(checkpoints["llama"], max_model_len=64, max_num_batched_tokens=40,
+                 enable_chunked_prefill=False)
+    chunked = make_llm(checkpoints["llama"], max_model_len=64, max_num_batched_tokens=40,
+                       max_num_seqs=8)  # chunked prefill (the default) runs long prompts in parts
+    assert chunked.core.scheduler.max_num_batched_tokens == 40
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(64\) must be >= "
                        r"max_num_seqs \(100\)"):
         make_llm(checkpoints["llama"], max_model_len=64, max_num_batched_tokens=64,
                  max_num_seqs=100)
     with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
         make_llm(checkpoints["llama"], max_num_seqs=0)
-    llm = make_llm(checkpoints["llama"], max_model_len=64)  # unset: a default that fits
-    assert llm.core.scheduler.max_num_batched_tokens == 8192
+    llm = make_llm(checkpoints["llama"], max_model_len=64, enable_chunked_prefill=False)
+    assert llm.core.scheduler.max_num_batched_tokens == 8192  # unset: a default that fits
+    assert make_llm(checkpoints["llama"]).core.scheduler.max_num_batched_tokens == 2048
 
 
 def test_seeded_generator_lives_on_the_logits_device(checkpoints, monkeypatch):

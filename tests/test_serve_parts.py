@@ -181,8 +181,9 @@ def test_requests_join_leave_and_abort_between_steps(tiny):
     b = core.make_sequence("b", "four five", SamplingParams(temperature=0, max_tokens=3,
                                                             ignore_eos=True))
     core.add(b)  # joins while a runs
-    assert [s.request_id for s in core.step()] == ["b"]  # its prefill
-    assert {s.request_id for s in core.step()} == {"a", "b"}  # one batch now
+    # chunked prefill: b's prefill joins a's decode in one step
+    assert [s.request_id for s in core.step()] == ["a", "b"]
+    assert {s.request_id for s in core.step()} == {"a", "b"}
     core.step()
     assert b.finish_reason == "length" and b.num_output_tokens == 3
     assert [s.request_id for s in core.scheduler.running] == ["a"]  # b left

@@ -28,9 +28,10 @@ class EngineCore:
         self.path, self.config, self.dtype = c.path, c.model, c.dtype
         self.max_model_len = c.max_model_len
         self.tokenizer = _tokenizer(c.path)
-        self.blocks = BlockManager(c.num_blocks, c.block_size)
+        self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
         self.executor = make_executor(c, self.blocks)
-        self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens,
+                                   c.enable_chunked_prefill)
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[Sequence] = []
 
@@ -78,19 +79,25 @@ class EngineCore:
 
     def step(self) -> list[Sequence]:
         """Run one batch; returns the sequences that got a token (the newest is
-        token_ids[-1]); finished ones have finish_reason set and are gone."""
+        token_ids[-1]; a partial prefill chunk gets none); finished ones have
+        finish_reason set and are gone."""
         seqs, is_prefill = self.scheduler.schedule()
         self.last_scheduled = seqs  # a step that raises fails these requests (AsyncLLM)
         if not seqs:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
-        for seq, token in zip(seqs, self.executor.execute_model(seqs, is_prefill)):
+        sampled = [s for s in seqs if s.samples]
+        tokens = self.executor.execute_model(seqs, is_prefill)
+        for seq in seqs:
+            seq.num_computed_tokens += seq.num_scheduled_tokens
+            self.blocks.cache_full_blocks(seq)
+        for seq, token in zip(sampled, tokens):
             seq.token_ids.append(token)
             reason = check_stop(seq, token, self.config.eos_token_ids, self.max_model_len,
                                 self.tokenizer)
             if reason:
                 self.scheduler.finish(seq, reason)
                 self.requests.pop(seq.request_id, None)
-        return seqs
+        return sampled
 
     def output_text(self, seq: Sequence) -> str:
         """The output's text, joined to the prompt as transformers decodes it;

@@ -1,47 +1,153 @@
 """The paged KV cache's bookkeeping: which blocks are free, which each
-sequence holds. A sequence of n tokens holds ceil(n / block_size) blocks.
+sequence holds, and (with prefix caching) which full blocks hold which tokens.
 
-Free blocks are a stack: the block freed last is handed out first. The cache
-is committed lazily (its pages are touched as blocks fill), so reusing warm
-blocks keeps the resident memory at the working set instead of growing to the
-whole cache as a queue would cycle through it, and skips a page fault (and, in
-huge pages, zeroing 2 MiB) for every block of fresh memory; the rows are also
-more likely to be in cache."""
+A block is shared by reference count. With prefix caching, a block becomes
+cached once it is full and its K/V are written (after the step that wrote
+it): it is named by a hash chained over the token ids of every block up to
+it (upstream V1's scheme), so a block is found only by a sequence whose
+whole prefix up to it is the same tokens, and never while it is written.
+A freed cached block keeps its content in an LRU list until it is needed
+for other data; a block that holds nothing reusable (uncached, or never
+used) is handed out first.
+
+Those uncached free blocks are a stack: the block freed last is handed out
+first. The cache is committed lazily (its pages are touched as blocks fill),
+so reusing warm blocks keeps the resident memory at the working set instead
+of growing to the whole cache as a queue would cycle through it."""
 from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
 
 from engine.core.sequence import Sequence
 
+_ROOT = b""  # the parent hash of a sequence's first block
+
+
+def block_hash(parent: bytes, token_ids) -> bytes:
+    """sha256 over the parent's hash and the block's token ids: a collision
+    (a block reused whose content differs) is out of reach, unlike Python's
+    64-bit hash."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))  # block 0 on top
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced: LRU first
+        self.ref = [0] * num_blocks
+        self.hash_of: dict[int, bytes] = {}
+        self.cached: dict[bytes, int] = {}
+        # upstream's vllm:prefix_cache_queries / _hits: prompt tokens looked up / found
+        self.prefix_queries = self.prefix_hits = 0
 
     def blocks_for(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self.blocks_for(len(seq)) <= len(self.free)
-
-    def allocate(self, seq: Sequence) -> None:
-        assert not seq.block_table
-        seq.block_table = [self.free.pop() for _ in range(self.blocks_for(len(seq)))]
-
-    def can_append(self, seq: Sequence) -> bool:
-        """Room for the K/V of the sequence's newest token."""
-        return self.blocks_for(len(seq)) <= len(seq.block_table) or bool(self.free)
-
-    def append(self, seq: Sequence) -> None:
-        if self.blocks_for(len(seq)) > len(seq.block_table):
-            seq.block_table.append(self.free.pop())
-
-    def free_blocks(self, seq: Sequence) -> None:
-        self.free.extend(reversed(seq.block_table))  # its first block on top
-        seq.block_table = []
-
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        """Blocks no sequence holds (cached ones included: they can be taken)."""
+        return len(self.free) + len(self.evictable)
+
+    # ---- prefix cache --------------------------------------------------------
+
+    def _hashes(self, seq: Sequence, num_full: int) -> list[bytes]:
+        """The chain of hashes of the sequence's first num_full blocks (kept on
+        the sequence: its tokens never change)."""
+        hashes, bs = seq.block_hashes, self.block_size
+        while len(hashes) < num_full:
+            parent = hashes[-1] if hashes else _ROOT
+            i = len(hashes)
+            hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs]))
+        return hashes[:num_full]
+
+    def computed_blocks(self, seq: Sequence) -> list[int]:
+        """The longest chain of cached blocks that starts the sequence, leaving
+        at least its last token to compute (its logits are needed)."""
+        if not self.enable_prefix_caching:
+            return []
+        found = []
+        for h in self._hashes(seq, (len(seq) - 1) // self.block_size):
+            block = self.cached.get(h)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def count_lookup(self, seq: Sequence, num_hit_tokens: int) -> None:
+        """Count an admitted sequence's prompt lookup (once per admission)."""
+        if self.enable_prefix_caching:
+            self.prefix_queries += len(seq)
+            self.prefix_hits += num_hit_tokens
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Name the blocks the sequence has filled and written so far. A block
+        whose tokens are cached already (another sequence wrote the same prefix
+        at the same time) stays uncached: the first one is kept."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        for i, h in enumerate(self._hashes(seq, full)[seq.num_cached_blocks:],
+                              seq.num_cached_blocks):
+            block = seq.block_table[i]
+            if h not in self.cached and block not in self.hash_of:
+                self.cached[h] = block
+                self.hash_of[block] = h
+        seq.num_cached_blocks = max(seq.num_cached_blocks, full)
+
+    # ---- allocation ----------------------------------------------------------
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int,
+                     computed: list[int] = ()) -> bool:
+        """Room for the K/V of num_new_tokens more tokens past its computed
+        ones (those include the `computed` blocks the sequence is about to
+        take, which leave the free lists if no one holds them)."""
+        have = len(seq.block_table) + len(computed)
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - have
+        taken = sum(1 for b in computed if self.ref[b] == 0)
+        return max(need, 0) + taken <= self.num_free
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, computed: list[int] = ()) -> None:
+        """Extend the block table to hold num_new_tokens more tokens; `computed`
+        (from computed_blocks, for a sequence holding none) start it."""
+        for b in computed:
+            self._take(b)
+        seq.block_table += computed
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        for _ in range(need):
+            seq.block_table.append(self._take(self._pop_free()))
+
+    def _pop_free(self) -> int:
+        if self.free:
+            return self.free.pop()
+        block, _ = self.evictable.popitem(last=False)  # the least recently used
+        del self.cached[self.hash_of.pop(block)]
+        return block
+
+    def _take(self, block: int) -> int:
+        if self.ref[block] == 0:
+            self.evictable.pop(block, None)
+        self.ref[block] += 1
+        return block
+
+    def free_blocks(self, seq: Sequence) -> None:
+        """Drop the sequence's references. Its last block is released first, so
+        that of its cached blocks the tail is evicted first and the shared
+        head is kept longest (as upstream)."""
+        uncached = []
+        for block in reversed(seq.block_table):
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                if block in self.hash_of:
+                    self.evictable[block] = None
+                else:
+                    uncached.append(block)
+        self.free.extend(uncached)  # its first block on top
+        seq.block_table = []
+        seq.num_cached_blocks = 0
 
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + \

@@ -1,7 +1,16 @@
 """Continuous batching: new requests join between steps, finished ones leave,
-each step bounded by max_num_seqs and max_num_batched_tokens. When blocks run
-out, the newest running sequences are preempted (their blocks freed) and
-recomputed later from their tokens so far; nothing is dropped."""
+each step bounded by max_num_seqs and a token budget (max_num_batched_tokens).
+
+With chunked prefill (the default, as upstream V1) a step holds the running
+sequences first, one decode token each (or the next chunk of a prompt being
+prefilled), then chunks of waiting prompts fill the rest of the budget: a
+long prompt is prefilled over several steps while the others decode. Without
+it, waiting prompts run whole, alone, before any decode (the old engine).
+
+A waiting sequence starts past the longest prefix of its tokens whose KV
+blocks are cached (prefix caching). When blocks run out, the newest running
+sequences are preempted (their blocks freed) and recomputed later from their
+tokens so far; nothing is dropped."""
 from __future__ import annotations
 
 from collections import deque
@@ -12,9 +21,10 @@ from engine.core.sequence import Sequence
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, enable_chunked_prefill: bool = False):
         self.blocks = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
@@ -26,40 +36,108 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
-        """(sequences to run, is_prefill). Prefill of waiting sequences first."""
+        """(sequences to run, is_prefill); each has num_scheduled_tokens set.
+        is_prefill unless every one is a plain decode (its last token only)."""
+        if self.enable_chunked_prefill:
+            batch = self._schedule_chunked()
+        else:
+            batch = self._schedule_prefill_first()
+        is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != len(s) - 1
+                         for s in batch)
+        return batch, is_prefill
+
+    def _schedule_chunked(self) -> list[Sequence]:
+        budget, batch, preempted = self.max_num_batched_tokens, [], False
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq not in self.running:  # preempted to make room for an older one
+                continue
+            n = min(len(seq) - seq.num_computed_tokens, budget)
+            while not self.blocks.can_allocate(seq, n):
+                victim = self.running[-1]  # the newest; never one scheduled already
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                self.blocks.allocate(seq, n)
+                seq.num_scheduled_tokens = n
+                budget -= n
+                batch.append(seq)
+        # as upstream: no new prompt in a step that had to preempt
+        while (not preempted and self.waiting and budget > 0
+               and len(self.running) < self.max_num_seqs):
+            n = self._admit(self.waiting[0], budget)
+            if n is None:
+                break
+            seq = self.waiting.popleft()
+            self.running.append(seq)
+            batch.append(seq)
+            budget -= n
+        return batch
+
+    def _schedule_prefill_first(self) -> list[Sequence]:
         batch, tokens = [], 0
         while self.waiting and len(self.running) + len(batch) < self.max_num_seqs:
             seq = self.waiting[0]
-            if tokens + len(seq) > self.max_num_batched_tokens and batch:
-                break
-            if not self.blocks.can_allocate(seq):
+            # whole prompts: the budget (>= max_model_len) bounds the batch, not a prompt
+            n = self._admit(seq, None if not batch else self.max_num_batched_tokens - tokens)
+            if n is None:
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq)
-            tokens += len(seq)
+            tokens += n
             batch.append(seq)
         if batch:
             self.running.extend(batch)
-            return batch, True
+            return batch
 
         batch = []
         while self.running:
             seq = self.running.popleft()
-            while not self.blocks.can_append(seq):
+            while not self.blocks.can_allocate(seq, 1):
                 if self.running:
                     self._preempt(self.running.pop())  # the newest goes back to waiting
                 else:
-                    self._preempt(seq)
+                    self.waiting.appendleft(seq)
+                    self._release(seq)
                     break
             else:
-                self.blocks.append(seq)
+                self.blocks.allocate(seq, 1)
+                seq.num_scheduled_tokens = 1
                 batch.append(seq)
         self.running.extendleft(reversed(batch))
-        return batch, False
+        return batch
+
+    def _admit(self, seq: Sequence, budget: int | None) -> int | None:
+        """Give a waiting sequence its cached prefix and blocks for its next
+        chunk (at most `budget` tokens; None: all of them, and a prompt that
+        does not fit whole waits); the chunk's size, or None: it waits."""
+        computed = self.blocks.computed_blocks(seq)
+        start = len(computed) * self.blocks.block_size
+        n = len(seq) - start
+        if budget is not None:
+            if not self.enable_chunked_prefill and n > budget:
+                return None
+            n = min(n, budget)
+        seq.num_computed_tokens = start
+        if not self.blocks.can_allocate(seq, n, computed):
+            seq.num_computed_tokens = 0
+            return None
+        self.blocks.count_lookup(seq, start)
+        self.blocks.allocate(seq, n, computed)
+        seq.num_cached_blocks = len(computed)
+        seq.num_scheduled_tokens = n
+        return n
+
+    def _release(self, seq: Sequence) -> None:
+        self.blocks.free_blocks(seq)
+        seq.num_computed_tokens = 0
+        self.num_preemptions += 1
 
     def _preempt(self, seq: Sequence) -> None:
-        self.blocks.free_blocks(seq)
-        self.num_preemptions += 1
+        self.running.remove(seq)
+        self._release(seq)
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:

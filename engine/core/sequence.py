@@ -22,6 +22,10 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.block_table: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_scheduled_tokens = 0  # tokens the current step computes
+        self.block_hashes: list[bytes] = []  # prefix caching: the chain over its full blocks
+        self.num_cached_blocks = 0  # of its blocks, those named in the prefix cache
         self.finish_reason: str | None = None
         self.text = ""
         self.stop_string: str | int | None = None  # what stopped it (upstream's stop_reason)
@@ -40,6 +44,12 @@ class Sequence:
         if self._generator is None:
             self._generator = torch.Generator(device=device).manual_seed(self.params.seed)
         return self._generator
+
+    @property
+    def samples(self) -> bool:
+        """Whether the current step reaches the sequence's last token (and so
+        samples the next one); a partial prefill chunk does not."""
+        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -24,16 +24,15 @@ from engine.distributed import parallel_state
 from engine.distributed.parallel_state import DistInit, RankDiedError, free_port
 from engine.engine_args import EngineConfig
 from engine.executor.uniproc_executor import build_runner
-from engine.model_executor.layers.sampler import sample
 from engine.platforms import cpu_binding, cpu_preload
 from engine.worker import tp_worker
+from engine.worker.model_runner import sample_step
 
 logger = logging.getLogger("engine")
 
 
 class MultiprocExecutor:
     def __init__(self, config: EngineConfig, blocks: BlockManager):
-        self.eos_token_ids = config.model.eos_token_ids  # the driver samples
         world = config.tensor_parallel_size
         # every rank's binding checked before any process starts: errors are one line here
         bindings = cpu_binding.plan_all(world) if config.bind_threads else [None] * world
@@ -41,6 +40,7 @@ class MultiprocExecutor:
         dist = DistInit("127.0.0.1", free_port(), world)
         ctx = mp.get_context("spawn")  # a fork would copy torch's OpenMP pool and locks
         self.procs, self.conns, self.dead = {}, {}, None
+        self.eos_token_ids = config.model.eos_token_ids
         try:
             for rank in range(1, world):
                 parent, child = ctx.Pipe()
@@ -112,7 +112,7 @@ class MultiprocExecutor:
             self.check_health()
             raise RankDiedError(f"tensor parallel step failed: {str(exc).splitlines()[0]}") \
                 from None
-        return sample(logits, seqs, self.eos_token_ids)
+        return sample_step(logits, seqs, self.eos_token_ids)
 
     def shutdown(self) -> None:
         if getattr(self, "_closing", False):

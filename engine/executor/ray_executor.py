@@ -16,8 +16,7 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig
-from engine.model_executor.layers.sampler import sample
-from engine.worker.model_runner import prepare_inputs
+from engine.worker.model_runner import prepare_inputs, sample_step
 
 logger = logging.getLogger("engine")
 
@@ -67,9 +66,9 @@ class RayExecutor:
 
         from engine.distributed.parallel_state import DistInit
 
-        self.eos_token_ids = config.model.eos_token_ids  # the driver samples
         world = config.tensor_parallel_size
         self.blocks, self.dead = blocks, None
+        self.eos_token_ids = config.model.eos_token_ids
         ray.init(address=envs.ray_address(), ignore_reinit_error=True, log_to_driver=False)
         self.pg = placement_group([{"CPU": 1}] * world, strategy="SPREAD")
         ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -110,7 +109,7 @@ class RayExecutor:
         self.check_health()
         inputs = prepare_inputs(self.blocks, torch.device("cpu"), seqs, is_prefill)
         logits = self._get([a.execute.remote(inputs) for a in self.actors])[0]
-        return sample(logits, seqs, self.eos_token_ids)
+        return sample_step(logits, seqs, self.eos_token_ids)
 
     def shutdown(self) -> None:
         import ray

@@ -1,5 +1,6 @@
 """Turns a scheduled batch into model inputs, runs the model over the paged KV
-cache, and samples one token per sequence."""
+cache, and samples one token per sequence that reaches its last token (a
+partial prefill chunk computes K/V only: its logits are never made)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,14 +37,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         logits = self.execute(self.prepare(seqs, is_prefill))
-        return sample(logits, seqs, self.model.config.eos_token_ids)
+        return sample_step(logits, seqs, self.model.config.eos_token_ids)
 
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
         return prepare_inputs(self.blocks, self.device, seqs, is_prefill)
 
     @torch.inference_mode()
     def execute(self, x: StepInputs) -> torch.Tensor:
-        """The logits of each sequence's last token."""
+        """The logits of the last token of each sequence that samples."""
         set_context(ForwardContext(x.is_prefill, x.slots, cu_seqlens=x.cu_seqlens,
                                    block_tables=x.block_tables, seq_lens=x.seq_lens,
                                    query_start_loc=x.query_start_loc))
@@ -66,21 +67,32 @@ class StepInputs:
     query_start_loc: torch.Tensor | None  # prefill: where each sequence's queries start
 
 
+def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> list[int]:
+    """The tokens of the sequences that sample this step (logits: theirs, in order)."""
+    return sample(logits, [s for s in seqs if s.samples], eos_token_ids)
+
+
 def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequence],
                    is_prefill: bool) -> StepInputs:
-    """The batch's model inputs: what every tensor-parallel rank runs."""
+    """The batch's model inputs: what every tensor-parallel rank runs.
+
+    A prefill step runs each sequence's scheduled tokens (a chunk of a prompt
+    past its cached prefix, or a decode's one token) with paged prefill
+    attention: its queries sit at the last positions of its seq_lens tokens."""
     ids, positions, slots, last = [], [], [], []
     cu = query_start_loc = None
     if is_prefill:
         cu = [0]
-        for s in seqs:  # a preempted sequence is recomputed from its first token
-            n = len(s)
-            ids += s.token_ids
-            positions += range(n)
-            slots += [blocks.slot(s, p) for p in range(n)]
-            cu.append(cu[-1] + n)
-            last.append(cu[-1] - 1)
+        for s in seqs:  # a preempted sequence is recomputed from its first uncached token
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+            ids += s.token_ids[start:end]
+            positions += range(start, end)
+            slots += [blocks.slot(s, p) for p in range(start, end)]
+            cu.append(cu[-1] + end - start)
+            if s.samples:
+                last.append(cu[-1] - 1)
         query_start_loc = _tensor(device, cu, torch.int32)
+        seq_lens = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
     else:
         for i, s in enumerate(seqs):
             p = len(s) - 1
@@ -88,14 +100,15 @@ def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequen
             positions.append(p)
             slots.append(blocks.slot(s, p))
             last.append(i)
+        seq_lens = [len(s) for s in seqs]
     # prefill reads the paged cache too (paged_prefill_attention)
     width = max(len(s.block_table) for s in seqs)
     tables = _tensor(device, [s.block_table + [0] * (width - len(s.block_table))
                               for s in seqs], torch.int32)
-    seq_lens = _tensor(device, [len(s) for s in seqs], torch.int32)
     return StepInputs(is_prefill, _tensor(device, ids, torch.int64),
                       _tensor(device, positions, torch.int64), _tensor(device, slots, torch.int64),
-                      _tensor(device, last, torch.int64), cu, tables, seq_lens, query_start_loc)
+                      _tensor(device, last, torch.int64), cu, tables,
+                      _tensor(device, seq_lens, torch.int32), query_start_loc)
 
 
 def _tensor(device: torch.device, data, dtype) -> torch.Tensor:

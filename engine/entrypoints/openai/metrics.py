@@ -26,6 +26,11 @@ class Metrics:
                               "(1 = all).", labels, registry=r).labels(model_name)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels,
                                      registry=r).labels(model_name)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in "
+                                      "the prefix cache.", labels, registry=r).labels(model_name)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix "
+                                   "cache.", labels, registry=r).labels(model_name)
+        self._prefix_seen = (0, 0)  # the block manager's totals at the last step
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels,
                                          registry=r).labels(model_name)
         self._success = Counter("vllm:request_success", "Requests finished, by reason.",
@@ -46,6 +51,10 @@ class Metrics:
         self.waiting.set(len(s.waiting))
         b = core.blocks
         self.kv_usage.set((b.num_blocks - b.num_free) / max(b.num_blocks, 1))
+        queries, hits = self._prefix_seen
+        self.prefix_queries.inc(b.prefix_queries - queries)
+        self.prefix_hits.inc(b.prefix_hits - hits)
+        self._prefix_seen = (b.prefix_queries, b.prefix_hits)
 
     def on_token(self, stream, now: float, finish_reason: str | None) -> None:
         self.generation_tokens.inc()

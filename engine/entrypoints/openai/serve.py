@@ -33,7 +33,9 @@ def serve(args) -> int:
                       max_num_batched_tokens=args.max_num_batched_tokens,
                       max_model_len=args.max_model_len,
                       tensor_parallel_size=args.tensor_parallel_size,
-                      distributed_executor_backend=args.distributed_executor_backend)
+                      distributed_executor_backend=args.distributed_executor_backend,
+                      enable_chunked_prefill=args.enable_chunked_prefill,
+                      enable_prefix_caching=args.enable_prefix_caching)
     warm = warm_up(core)
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)

@@ -1,0 +1,141 @@
+"""The scheduler's token budget (chunked prefill, prefix hits, preemption)
+and the engine arguments that bound it, on stand-in steps: no model runs."""
+from __future__ import annotations
+
+import pytest
+
+from engine.core.kv_cache_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.engine_args import batch_bounds, prefix_reading
+from engine.sampling_params import SamplingParams
+
+BS = 16
+
+
+def seq(n: int, first: int = 0) -> Sequence:
+    return Sequence(list(range(first, first + n)), SamplingParams(), None, 0)
+
+
+def step(sched: Scheduler) -> list[tuple[Sequence, int, bool]]:
+    """One step as EngineCore runs it, with token 1 for every sampling sequence."""
+    batch, _ = sched.schedule()
+    out = [(s, s.num_scheduled_tokens, s.samples) for s in batch]
+    for s in batch:
+        sampled = s.samples
+        s.num_computed_tokens += s.num_scheduled_tokens
+        sched.blocks.cache_full_blocks(s)
+        if sampled:
+            s.token_ids.append(1)
+    return out
+
+
+def test_decodes_go_first_and_chunks_fill_the_budget():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=40,
+                      enable_chunked_prefill=True)
+    a, b = seq(10), seq(100, 1000)
+    sched.add(a)
+    assert step(sched) == [(a, 10, True)]
+    sched.add(b)
+    assert step(sched) == [(a, 1, True), (b, 39, False)]  # b's first chunk: no token
+    assert step(sched) == [(a, 1, True), (b, 39, False)]
+    assert step(sched) == [(a, 1, True), (b, 22, True)]  # b's last chunk samples
+    assert b.num_computed_tokens == 100 and len(b) == 101
+    assert step(sched) == [(a, 1, True), (b, 1, True)]
+
+
+def test_the_budget_holds_with_many_prompts():
+    sched = Scheduler(BlockManager(256, BS), max_num_seqs=6, max_num_batched_tokens=50,
+                      enable_chunked_prefill=True)
+    seqs = [seq(n, 100 * i) for i, n in enumerate((70, 5, 33, 90, 1, 64, 12))]
+    for s in seqs:
+        sched.add(s)
+    for _ in range(30):
+        done = step(sched)
+        assert sum(n for _, n, _ in done) <= 50
+        assert len(sched.running) <= 6
+    assert all(s.num_computed_tokens == len(s) - 1 for s in seqs[:6])  # all decoding
+    assert seqs[6] in sched.waiting  # max_num_seqs
+
+
+def test_without_chunked_prefill_prompts_run_whole_and_alone():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=120)
+    a, b, c = seq(10), seq(100, 500), seq(30, 900)
+    sched.add(a)
+    step(sched)
+    sched.add(b)
+    sched.add(c)
+    assert step(sched) == [(b, 100, True)]  # c would pass the budget: it waits
+    assert step(sched) == [(c, 30, True)]
+    assert step(sched) == [(a, 1, True), (b, 1, True), (c, 1, True)]
+
+
+def test_a_cached_prefix_is_skipped():
+    bm = BlockManager(64, BS, enable_prefix_caching=True)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=True)
+    a = seq(50)
+    sched.add(a)
+    step(sched)
+    b = Sequence(list(range(40)) + [7, 7], SamplingParams(), None, 0)
+    sched.add(b)
+    assert step(sched) == [(a, 1, True), (b, 42 - 32, True)]  # two blocks of 16 hit
+    assert b.block_table[:2] == a.block_table[:2]
+    assert (bm.prefix_queries, bm.prefix_hits) == (50 + 42, 32)
+    whole = Sequence(list(range(32)), SamplingParams(), None, 0)
+    sched.add(whole)  # all of it cached: the last block is recomputed for its logits
+    assert step(sched)[-1] == (whole, 16, True)
+
+
+def test_preemption_frees_the_newest_and_recomputes_it():
+    sched = Scheduler(BlockManager(4, BS), max_num_seqs=8, max_num_batched_tokens=64,
+                      enable_chunked_prefill=True)
+    a, b = seq(32), seq(32, 100)
+    sched.add(a)
+    sched.add(b)
+    assert step(sched) == [(a, 32, True), (b, 32, True)]  # the four blocks
+    # both now need a third block for their 33rd token: b, the newest, is preempted
+    assert step(sched) == [(a, 1, True)]
+    assert sched.num_preemptions == 1 and b in sched.waiting and b.block_table == []
+    assert b.num_computed_tokens == 0
+    a.params.max_tokens = 0
+    sched.finish(a, "length")
+    assert step(sched) == [(b, 33, True)]  # recomputed with its sampled token
+
+
+def test_the_budget_bounds():
+    assert batch_bounds(4096, 8, 512, chunked_prefill=True) == 512
+    assert batch_bounds(4096, 8, None, chunked_prefill=True) == 2048
+    with pytest.raises(ValueError, match="smaller than max_model_len"):
+        batch_bounds(4096, 8, 512)
+    with pytest.raises(ValueError, match="must be >= max_num_seqs"):
+        batch_bounds(4096, 256, 128, chunked_prefill=True)
+
+
+def test_chunked_prefill_and_prefix_caching_default_on(monkeypatch):
+    class Model:
+        hf = {}
+
+    assert prefix_reading(Model, None, None) == (True, True)
+    assert prefix_reading(Model, False, None) == (False, True)
+    with pytest.raises(ValueError, match="must be true or false"):
+        prefix_reading(Model, "yes", None)
+    Model.hf = {"attn_logit_softcapping": 50.0}
+    assert prefix_reading(Model, None, None) == (False, False)
+    with pytest.raises(ValueError, match="turn enable_prefix_caching off"):
+        prefix_reading(Model, None, True)
+    Model.hf = {}
+    monkeypatch.setenv("VLLM_PREFILL_ATTENTION", "sdpa")
+    assert prefix_reading(Model, None, None) == (False, False)
+
+
+def test_the_flags_are_upstreams():
+    import argparse
+
+    from engine.cli import scheduler_args
+
+    p = argparse.ArgumentParser()
+    scheduler_args(p)
+    assert vars(p.parse_args([])) == {"enable_chunked_prefill": None,
+                                      "enable_prefix_caching": None}
+    args = p.parse_args(["--no-enable-chunked-prefill", "--enable-prefix-caching"])
+    assert (args.enable_chunked_prefill, args.enable_prefix_caching) == (False, True)

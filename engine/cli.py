@@ -16,7 +16,16 @@ def _llm(args):
                tensor_parallel_size=args.tensor_parallel_size,
                distributed_executor_backend=args.distributed_executor_backend,
                enable_chunked_prefill=args.enable_chunked_prefill,
-               enable_prefix_caching=args.enable_prefix_caching)
+               enable_prefix_caching=args.enable_prefix_caching,
+               **gpu_memory(args))
+
+
+def gpu_memory(args) -> dict:
+    """--gpu-memory-utilization as an engine argument, only when given (its default
+    lives in engine.engine_args)."""
+    if args.gpu_memory_utilization is None:
+        return {}
+    return {"gpu_memory_utilization": args.gpu_memory_utilization}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -39,6 +48,10 @@ def scheduler_args(p: argparse.ArgumentParser) -> None:
 
 
 def parallel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="the share of GPU memory the engine may take, KV cache included "
+                   "(CUDA builds; default 0.9, upstream's); the CPU's cache is "
+                   "VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
                    help="ranks the model is split over (one process each; pin them with "
                    "VLLM_CPU_OMP_THREADS_BIND='0-31|32-63')")
@@ -129,6 +142,7 @@ def _client_parser(sub, name: str, help: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="engine")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for prompts")
     _common(g)
@@ -182,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm-engine")
+    except metadata.PackageNotFoundError:  # a source tree run without installing
+        return "unknown (not installed)"
 
 
 def serve(args) -> int:

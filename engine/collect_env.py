@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a bad run-time variable (VLLM_CPU_ISA, ...): one line
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `engine env | head -1`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 0
 
 
 def _print(argv: list[str] | None) -> int:

@@ -39,5 +39,5 @@ def _from_hub(repo_id: str) -> Path:
                if offline else f"it could not be downloaded ({type(exc).__name__}: "
                f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})")
         raise ValueError(f"model {repo_id!r}: {how}; download it where the Hub is reachable "
-                         f"(`huggingface-cli download {repo_id}`) or give a checkpoint "
+                         f"(`hf download {repo_id}`) or give a checkpoint "
                          "folder") from None

@@ -37,8 +37,9 @@ def build_app(state: ServerState) -> FastAPI:
         first = exc.errors()[0] if exc.errors() else {}
         loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         msg = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            msg = "the request body is not valid JSON"
+        if first.get("type") == "json_invalid":  # loc is a byte offset, not a field
+            why = (first.get("ctx") or {}).get("error", "malformed")
+            loc, msg = "", f"the request body is not valid JSON: {why} at byte {loc}"
         elif loc.split(".")[0] == "prompt":  # the union's own errors name its branches
             loc, msg = "prompt", ("must be a string, a list of strings, a list of token ids "
                                   "or a list of token id lists")

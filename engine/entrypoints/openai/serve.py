@@ -16,6 +16,7 @@ def serve(args) -> int:
     import uvicorn
 
     from engine.core.async_llm import AsyncLLM
+    from engine.cli import gpu_memory
     from engine.core.engine_core import EngineCore
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
@@ -35,7 +36,8 @@ def serve(args) -> int:
                       tensor_parallel_size=args.tensor_parallel_size,
                       distributed_executor_backend=args.distributed_executor_backend,
                       enable_chunked_prefill=args.enable_chunked_prefill,
-                      enable_prefix_caching=args.enable_prefix_caching)
+                      enable_prefix_caching=args.enable_prefix_caching,
+                      **gpu_memory(args))
     warm = warm_up(core)
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)

@@ -9,6 +9,7 @@ import time
 
 
 def _llm(args):
+    from engine.engine_args import gpu_memory
     from engine.entrypoints.llm import LLM
 
     return LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
@@ -19,13 +20,6 @@ def _llm(args):
                enable_prefix_caching=args.enable_prefix_caching,
                **gpu_memory(args))
 
-
-def gpu_memory(args) -> dict:
-    """--gpu-memory-utilization as an engine argument, only when given (its default
-    lives in engine.engine_args)."""
-    if args.gpu_memory_utilization is None:
-        return {}
-    return {"gpu_memory_utilization": args.gpu_memory_utilization}
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -218,3 +218,11 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | Non
         raise ValueError(f"distributed_executor_backend 'uni' runs one rank; "
                          f"tensor_parallel_size {tp} needs mp or ray")
     return backend or "mp"
+
+
+def gpu_memory(args) -> dict:
+    """The command line's --gpu-memory-utilization as an engine argument, only
+    when given (the default is DEFAULT_GPU_MEMORY_UTILIZATION's)."""
+    if getattr(args, "gpu_memory_utilization", None) is None:
+        return {}
+    return {"gpu_memory_utilization": args.gpu_memory_utilization}

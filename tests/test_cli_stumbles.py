@@ -62,8 +62,10 @@ def test_a_model_id_not_in_the_cache_names_the_hf_command(monkeypatch, tmp_path)
 
 
 def test_gpu_memory_utilization_only_when_given():
-    assert cli.gpu_memory(argparse.Namespace(gpu_memory_utilization=None)) == {}
-    assert cli.gpu_memory(argparse.Namespace(gpu_memory_utilization=0.5)) == {
+    from engine.engine_args import gpu_memory
+
+    assert gpu_memory(argparse.Namespace(gpu_memory_utilization=None)) == {}
+    assert gpu_memory(argparse.Namespace(gpu_memory_utilization=0.5)) == {
         "gpu_memory_utilization": 0.5}
     p = argparse.ArgumentParser()
     cli.parallel_args(p)

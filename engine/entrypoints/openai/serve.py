@@ -16,8 +16,8 @@ def serve(args) -> int:
     import uvicorn
 
     from engine.core.async_llm import AsyncLLM
-    from engine.cli import gpu_memory
     from engine.core.engine_core import EngineCore
+    from engine.engine_args import gpu_memory
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
     from engine.entrypoints.openai.metrics import Metrics

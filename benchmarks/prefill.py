@@ -28,7 +28,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from benchmarks.common import Targets, Worker  # noqa: E402
+from benchmarks.common import Targets, Worker, add_check_argument  # noqa: E402
 from benchmarks.models import make_model, prompt_ids  # noqa: E402
 
 LENGTHS = (500, 1500, 3000)
@@ -139,7 +139,7 @@ def main() -> int:
     p.add_argument("--no-peer", action="store_true", help="skip vLLM even where installed")
     p.add_argument("--child")
     p.add_argument("--model")
-    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_check_argument(p)
     a = p.parse_args()
     if a.child:
         child(a.child, a.model, a.dtype)
@@ -159,7 +159,7 @@ def main() -> int:
     if not targets.rows:
         print("no peer: no targets")
         return 0
-    return targets.finish(a.check)
+    return targets.finish(a.check, record_as="prefill" if a.record else None)
 
 
 if __name__ == "__main__":

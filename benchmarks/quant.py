@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets, Worker
+from benchmarks.common import Targets, Worker, add_check_argument
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 
 DECODE = ((1, 1.5, 1.0), (16, None, 1.0))  # (requests, target vs our bf16, vs vLLM W8A8)
@@ -99,7 +99,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--child")
     p.add_argument("--model")
-    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_check_argument(p)
     a = p.parse_args()
     if a.child:
         child(a.child, a.model, a.new)
@@ -159,7 +159,7 @@ def main() -> int:
                                                      if peer else ""))
     targets.record("peak RSS: w8a8 vs bf16", q.rss.peak / base.rss.peak, RSS_TARGET,
                    higher_is_better=False)
-    return targets.finish(a.check)
+    return targets.finish(a.check, record_as="quant" if a.record else None)
 
 
 if __name__ == "__main__":

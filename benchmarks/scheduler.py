@@ -23,7 +23,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from benchmarks.common import Targets  # noqa: E402
+from benchmarks.common import Targets, add_check_argument  # noqa: E402
 from benchmarks.models import make_model  # noqa: E402
 from engine.entrypoints.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -91,8 +91,7 @@ def longest_gap(model: Path, chunked: bool, budget: int | None) -> tuple[float, 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--record", action="store_true", help="write the rows into RESULTS.md")
+    add_check_argument(p)
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the chunked run's budget (default: the engine's)")
     args = p.parse_args(argv)
@@ -107,7 +106,7 @@ def main(argv=None) -> int:
     targets.record("prefix hit vs cold (1500 shared tokens)", ratio, 0.3, higher_is_better=False)
     targets.record("stream gap, chunked, vs the unchunked prefill", on / prefill, 0.25,
                    higher_is_better=False)
-    return targets.finish(args.check, "scheduler" if args.record else None)
+    return targets.finish(args.check, record_as="scheduler" if args.record else None)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from engine import ops
-from engine.platforms import cpu_hugepages
+from engine.model_executor.layers.linear import pack_panels
 
 PANEL = ops.PANEL
 #: k values per 32-bit lane of the packed weight (one vpdpbusd step)
@@ -19,18 +19,13 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 
 def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 [N, K] -> ([ceil(N/16), ceil(K/4), 64], each panel's 16 columns by
-    4 k a step, zero-padded; the VNNI offset correction 128 * sum_k W[n, k],
-    int32 [ceil(N/16) * 16]) as csrc/cpu/int8_linear_impl.h reads them."""
-    n, k = weight.shape
-    panels, steps = -(-n // PANEL), -(-k // K_PACK)
-    padded = weight.new_zeros(panels * PANEL, steps * K_PACK)
-    padded[:n, :k] = weight
-    out = cpu_hugepages.empty((panels, steps, PANEL * K_PACK), torch.int8)  # streamed every step
-    out.view(panels, steps, PANEL, K_PACK).copy_(
-        padded.view(panels, PANEL, steps, K_PACK).permute(0, 2, 1, 3))
-    comp = padded.sum(1, dtype=torch.int32) * 128
-    return out, comp
+    """int8 [N, K] -> ([ceil(N/16), ceil(K/4), 64]: linear.pack_panels' layout with 4
+    k a step, one vpdpbusd lane; the VNNI offset correction 128 * sum_k W[n, k],
+    int32 [ceil(N/16) * 16], zero past N) as csrc/cpu/int8_linear_impl.h reads them."""
+    n = weight.shape[0]
+    comp = torch.zeros(-(-n // PANEL) * PANEL, dtype=torch.int32)
+    comp[:n] = weight.sum(1, dtype=torch.int32) * 128
+    return pack_panels(weight, K_PACK), comp
 
 
 class W8A8Int8:

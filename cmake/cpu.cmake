@@ -57,7 +57,7 @@ foreach(_isa IN LISTS _isas)
   list(APPEND VLLM_CODE_PATHS "cpu-${_isa}")
 endforeach()
 
-target_sources(_C PRIVATE csrc/cpu/cpu_ops.cpp csrc/cpu/isa.cpp)
+target_sources(_C PRIVATE csrc/cpu/cpu_ops.cpp csrc/cpu/moe_ops.cpp csrc/cpu/isa.cpp)
 target_compile_definitions(_C PRIVATE ENGINE_WITH_CPU_KERNELS)
 # OpenMP::OpenMP_CXX links libgomp.so.1 by soname: at run time that is the
 # libgomp torch has already loaded, so there is one OpenMP thread pool.

@@ -54,6 +54,11 @@ bool has_int8_linear();
 void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
                  const at::Tensor& weight_scale, const at::Tensor& weight_comp,
                  const std::optional<at::Tensor>& input_scale);
+// Whether the kernel table in use has the fused MoE kernel (csrc/cpu/moe_ops.cpp).
+bool has_fused_moe();
+void fused_moe(at::Tensor& out, const at::Tensor& input, const at::Tensor& w13,
+               const at::Tensor& w2, const at::Tensor& topk_weights,
+               const at::Tensor& topk_ids, int64_t intermediate);
 }  // namespace cpu
 #endif
 

@@ -46,6 +46,13 @@ TORCH_LIBRARY(_C, m) {
       "paged_prefill_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, float scale, "
       "int sliding_window) -> ()");
+  // CPU only: a mixture-of-experts MLP over experts packed by
+  // engine.model_executor.layers.fused_moe.pack_experts, rows routed by
+  // topk_ids (int32) and weighted by topk_weights (float32), both [T, topk].
+  m.def("cpu_has_fused_moe", &engine::cpu::has_fused_moe);
+  m.def(
+      "fused_moe(Tensor! out, Tensor input, Tensor w13, Tensor w2, Tensor topk_weights, "
+      "Tensor topk_ids, int intermediate) -> ()");
 #endif
 }
 
@@ -63,6 +70,7 @@ TORCH_LIBRARY_IMPL(_C, CPU, m) {
   m.impl("linear", &engine::cpu::linear);
   m.impl("int8_linear", &engine::cpu::int8_linear);
   m.impl("paged_prefill_attention", &engine::cpu::paged_prefill_attention);
+  m.impl("fused_moe", &engine::cpu::fused_moe);
 }
 #endif
 

@@ -16,7 +16,7 @@ from engine._kernels import load
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.
-DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention")}
+DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention", "fused_moe")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 
@@ -104,6 +104,21 @@ def int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Ten
 def has_int8_linear() -> bool:
     """Whether the CPU code path in use has the int8 linear kernel (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_int8_linear())
+
+
+def fused_moe(out: torch.Tensor, input: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, intermediate: int) -> None:
+    """Mixture-of-experts MLP: out[t] = sum_j topk_weights[t, j] *
+    down_e(silu(gate_e(input[t])) * up_e(input[t])), e = topk_ids[t, j] (int32),
+    over experts packed by engine.model_executor.layers.fused_moe.pack_experts.
+    The reference where the code path in use has no kernel (see has_fused_moe)."""
+    fn = torch.ops._C.fused_moe if has_fused_moe() else reference.fused_moe
+    fn(out, input, w13, w2, topk_weights, topk_ids, intermediate)
+
+
+def has_fused_moe() -> bool:
+    """Whether the CPU code path in use has the fused MoE kernel (x86 AVX2/AVX-512)."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_fused_moe())
 
 
 def has_panel_linear() -> bool:

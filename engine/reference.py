@@ -132,11 +132,7 @@ def linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
            bias: torch.Tensor | None) -> None:
     """The panel kernel's reference: unpack [ceil(N/16), K, 16] (or its k pairs,
     [ceil(N/16), ceil(K/2), 32]) and F.linear in float32."""
-    n, k = out.shape[1], input.shape[1]
-    panels, steps, width = packed_weight.shape
-    k_pack = width // PANEL
-    w = (packed_weight.view(panels, steps, PANEL, k_pack).permute(0, 2, 1, 3)
-         .reshape(panels * PANEL, steps * k_pack)[:n, :k])
+    w = unpack_panels(packed_weight, out.shape[1], input.shape[1])
     out.copy_(F.linear(input.float(), w.float(), None if bias is None else bias.float()))
 
 
@@ -169,3 +165,46 @@ def int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Ten
     w = unpack_int8(packed_weight, out.shape[1], input.shape[1])
     acc = (q.double() @ w.double().T).float()
     out.copy_((acc * s) * weight_scale.float()[None, :])
+
+
+def unpack_panels(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """[ceil(N/16), steps, 16 * kp] panels (pack_panels) back to [N, K]."""
+    panels, steps, width = packed.shape
+    kp = width // PANEL
+    return (packed.view(panels, steps, PANEL, kp).permute(0, 2, 1, 3)
+            .reshape(panels * PANEL, steps * kp)[:n, :k])
+
+
+def grouped_moe(out: torch.Tensor, input: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
+    """Mixture-of-experts MLP over plain weights, w13 [E, 2I, H] (gate | up) and
+    w2 [E, H, I]: rows grouped by expert (one sort, a loop over the experts
+    used), float32 products, the activation rounded to the input's dtype as
+    the unfused layers round it, each token's rows summed in float32."""
+    t, h = input.shape
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).long()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    x = input.float()[order // k]
+    y = torch.empty(t * k, h)
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            rows = slice(start, start + n)
+            gate, up = (x[rows] @ w13[e].float().T).chunk(2, -1)
+            act = (F.silu(gate) * up).to(input.dtype).float()
+            y[rows] = act @ w2[e].float().T
+            start += n
+    routed = torch.empty_like(y)
+    routed[order] = y
+    out.copy_((routed.view(t, k, h) * topk_weights.float().unsqueeze(-1)).sum(1))
+
+
+def fused_moe(out: torch.Tensor, input: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, intermediate: int) -> None:
+    """The fused MoE kernel's reference: the packed experts unpacked, then grouped_moe."""
+    h = input.shape[1]
+    plain13 = torch.stack([unpack_panels(w, 2 * intermediate, h) for w in w13])
+    plain2 = torch.stack([unpack_panels(w, h, intermediate) for w in w2])
+    grouped_moe(out, input, plain13, plain2, topk_weights, topk_ids)

@@ -37,6 +37,17 @@ ARCHS = {
                          "full_attention": {"rope_type": "linear", "factor": 4.0,
                                             "rope_theta": 1000000.0}},
         tie_word_embeddings=False, seed=1)),
+    # mixture of experts: top-2 of 8 with renormalised weights; without them
+    # and with a shared expert and a dense layer (Qwen2-MoE); q/k norms (Qwen3-MoE)
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        shared_expert_intermediate_size=96, norm_topk_prob=False, mlp_only_layers=[1],
+        tie_word_embeddings=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=True,
+        tie_word_embeddings=False)),
 }
 
 

@@ -105,6 +105,18 @@ struct KernelTable {
                                   int64_t head_size, int64_t block_size,
                                   int64_t max_blocks, float scale,
                                   int64_t sliding_window);
+
+  // Mixture-of-experts MLP (moe_impl.h): out[t, :H] = sum over j < topk of
+  // topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
+  // topk_ids[t, j] (validated by the caller). Per expert, w13 holds gate and
+  // up as one [2I, H] weight and w2 down as [H, I], each packed as the linear
+  // kernel's panels: [E, ceil(2I/16), steps, 16 * kp] and [E, ceil(H/16),
+  // steps, 16 * kp], kp = 2 (bfloat16 k pairs, `pairs`, avx512_bf16 only)
+  // or 1. Null where not compiled (the caller runs the torch reference).
+  void (*fused_moe)(DType dt, bool pairs, void* out, const void* x, const void* w13,
+                    const void* w2, const float* topk_weights, const int32_t* topk_ids,
+                    int64_t tokens, int64_t H, int64_t I, int64_t E, int64_t topk,
+                    int64_t ldx, int64_t ldo);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is

@@ -897,9 +897,35 @@ void int8_linear(DType dt, void* out, const void* x, const float* static_scale,
                   packed, w_scale, comp, M, N, K, ldx, ldo);
 }
 #define ENGINE_INT8_LINEAR int8_linear
+
+#include "moe_impl.h"
+void fused_moe(DType dt, bool pairs, void* out, const void* x, const void* w13, const void* w2,
+               const float* tw, const int32_t* ids, int64_t tokens, int64_t H, int64_t I,
+               int64_t E, int64_t topk, int64_t ldx, int64_t ldo) {
+#ifdef __AVX512BF16__
+  if (pairs) {
+    fused_moe_t<Bf16PairTile>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+                              static_cast<const uint16_t*>(w13), static_cast<const uint16_t*>(w2),
+                              tw, ids, tokens, H, I, E, topk, ldx, ldo);
+    return;
+  }
+#endif
+  (void)pairs;
+  if (dt == DType::kFloat32)
+    fused_moe_t<FmaTile<float>>(static_cast<float*>(out), static_cast<const float*>(x),
+                                static_cast<const float*>(w13), static_cast<const float*>(w2), tw,
+                                ids, tokens, H, I, E, topk, ldx, ldo);
+  else
+    fused_moe_t<FmaTile<uint16_t>>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+                                   static_cast<const uint16_t*>(w13),
+                                   static_cast<const uint16_t*>(w2), tw, ids, tokens, H, I, E,
+                                   topk, ldx, ldo);
+}
+#define ENGINE_FUSED_MOE fused_moe
 #else
 #define ENGINE_INT8_LINEAR nullptr
 #define ENGINE_LINEAR nullptr
+#define ENGINE_FUSED_MOE nullptr
 #endif
 
 #ifdef __AVX512BF16__
@@ -917,7 +943,7 @@ void linear_bf16_pairs(void* out, const void* x, const void* packed, const void*
 const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
-    ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, paged_prefill_attention,
+    ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, paged_prefill_attention, ENGINE_FUSED_MOE,
 };
 
 }  // namespace

@@ -41,13 +41,15 @@ def _layer_names(c: ModelConfig) -> dict:
 
 
 def _sliding_window(c: ModelConfig) -> int | None:
-    if c.model_type == "qwen2" and not c.hf.get("use_sliding_window"):
+    if c.model_type.startswith(("qwen2", "qwen3_moe")) and not c.hf.get("use_sliding_window"):
         return None
-    return c.hf.get("sliding_window") if c.model_type in ("mistral", "phi3", "qwen2") else None
+    windowed = ("mistral", "mixtral", "phi3", "qwen2", "qwen2_moe", "qwen3_moe")
+    return c.hf.get("sliding_window") if c.model_type in windowed else None
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig, rotary: RotaryEmbedding, dtype: torch.dtype):
+    def __init__(self, c: ModelConfig, rotary: RotaryEmbedding, dtype: torch.dtype,
+                 index: int = 0):
         super().__init__()
         self.c = c
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -60,13 +62,20 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(c.num_heads, c.num_kv_heads, c.head_dim,
                               scale=c.hf.get("attention_multiplier"),  # Granite
                               sliding_window=_sliding_window(c))
+        self.make_mlp(c, dtype, index)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.residual_multiplier = c.hf.get("residual_multiplier", 1.0)  # Granite
+
+    def make_mlp(self, c: ModelConfig, dtype: torch.dtype, index: int) -> None:
         inter = c.intermediate_size
         self.gate_up = Linear(c.hidden_size, 2 * inter, False, dtype, (inter, inter))
         self.down = Linear(inter, c.hidden_size, False, dtype)
         self.act = SiluAndMul()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.residual_multiplier = c.hf.get("residual_multiplier", 1.0)  # Granite
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the MLP (all-reduced by the caller)."""
+        return self.down(self.act(self.gate_up(x)))
 
     def forward(self, positions, x, residual):
         if residual is None:
@@ -83,7 +92,7 @@ class DecoderLayer(nn.Module):
         self.rotary(positions, q, k)  # in place, through the strided views of qkv
         x = parallel.reduce(self.o_proj(self.attn(q, k, v)))
         x, residual = self.post_attention_layernorm(self._scaled(x), residual)
-        x = parallel.reduce(self.down(self.act(self.gate_up(x))))
+        x = parallel.reduce(self.mlp(x))
         return self._scaled(x), residual
 
     def _scaled(self, x):
@@ -91,6 +100,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
+    layer_class = DecoderLayer
+
     def __init__(self, c: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.config = c
@@ -98,8 +109,8 @@ class LlamaForCausalLM(CausalLM):
         self.embed_tokens = param(vocab, c.hidden_size, dtype=dtype)
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_for(), dtype, c.max_model_len)
         local = parallel.local_config(c)  # this rank's heads and MLP slice
-        self.layers = nn.ModuleList(DecoderLayer(local, rotary, dtype)
-                                    for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(local, rotary, dtype, i)
+                                    for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.lm_head = Linear(c.hidden_size, vocab, False, dtype)
         if c.tie_word_embeddings:

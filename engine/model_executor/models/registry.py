@@ -18,6 +18,9 @@ _ARCHITECTURES = {
     "OPTForCausalLM": ("opt", "opt", "OPTForCausalLM"),
     "Gemma2ForCausalLM": ("gemma2", "gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3_text", "gemma", "GemmaForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "moe", "MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "moe", "MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "moe", "MoeForCausalLM"),
 }
 _BY_MODEL_TYPE = {mt: arch for arch, (mt, _, _) in _ARCHITECTURES.items()}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.model_executor.layers.fused_moe import FusedMoE
 from engine.model_executor.layers.linear import Linear
 
 
@@ -28,9 +29,9 @@ class CausalLM(nn.Module):
     """The runner's side of a model: linear layouts and attention layers."""
 
     def prepare_linear(self, mode: str) -> None:
-        """Every linear layer's weight laid out for `mode` (engine.platforms.cpu_features)."""
+        """Every linear layer and expert laid out for `mode` (engine.platforms.cpu_features)."""
         for m in self.modules():
-            if isinstance(m, Linear):
+            if isinstance(m, (Linear, FusedMoE)):
                 m.prepare(mode)
 
     def attention_layers(self) -> list:

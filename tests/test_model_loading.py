@@ -84,6 +84,29 @@ def test_phi3_fused_weight_missing(tmp_path):
     _refused(_rewrite(src, tmp_path / "ck", lambda t: t.pop(key)), f"lacks {key}")
 
 
+@pytest.mark.parametrize("key", ["model.layers.1.block_sparse_moe.experts.5.w3.weight",  # up
+                                 "model.layers.0.block_sparse_moe.experts.0.w2.weight",  # down
+                                 "model.layers.0.block_sparse_moe.gate.weight"])  # router
+def test_moe_expert_weight_missing(tmp_path, key):
+    """One projection of one expert is one part of the fused expert weights."""
+    from arch_checkpoints import make_arch_checkpoint
+
+    src = make_arch_checkpoint(tmp_path / "mixtral", "mixtral")
+    _refused(_rewrite(src, tmp_path / "ck", lambda t: t.pop(key)), f"lacks {key}")
+
+
+def test_moe_expert_beyond_num_experts(tmp_path):
+    import torch
+    from arch_checkpoints import make_arch_checkpoint
+
+    src = make_arch_checkpoint(tmp_path / "mixtral", "mixtral")
+    key = "model.layers.0.block_sparse_moe.experts.8.w1.weight"
+
+    def add(t):
+        t[key] = torch.zeros(128, 64)
+    _refused(_rewrite(src, tmp_path / "ck", add), key, "not a weight of MoeForCausalLM")
+
+
 def test_unsupported_architecture_names_the_supported(llama, tmp_path):
     d = tmp_path / "ck"
     shutil.copytree(llama, d)
@@ -92,7 +115,8 @@ def test_unsupported_architecture_names_the_supported(llama, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     msg = _refused(d, "BloomForCausalLM", "'bloom'", "is not supported")
     for arch in ("LlamaForCausalLM", "OPTForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                 "GraniteForCausalLM"):
+                 "GraniteForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                 "Qwen3MoeForCausalLM"):
         assert arch in msg
 
 

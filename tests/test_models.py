@@ -1,4 +1,5 @@
-"""Architectures beyond the Llama family (OPT, Granite, Phi-3, Gemma 2/3):
+"""Architectures beyond the Llama family (OPT, Granite, Phi-3, Gemma 2/3, the
+MoE families Mixtral, Qwen2-MoE and Qwen3-MoE):
 greedy ids equal transformers' token for token in float32, with prompts longer
 than the sliding windows; rope parameters as transformers computes them."""
 from __future__ import annotations
@@ -30,9 +31,15 @@ def test_opt_matches_transformers(tmp_path):
     _check(make_arch_checkpoint(tmp_path / "opt", "opt"), PROMPTS)
 
 
+def test_qwen2_moe_matches_transformers(tmp_path):
+    """Routed experts without renormalised weights, a shared expert behind its
+    sigmoid gate, and a dense layer (mlp_only_layers)."""
+    _check(make_arch_checkpoint(tmp_path / "qwen2_moe", "qwen2_moe"), PROMPTS)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["opt-proj", "opt-post-ln", "granite", "phi3", "gemma2",
-                                  "gemma3"])
+                                  "gemma3", "mixtral", "qwen3_moe"])
 def test_architecture_matches_transformers(tmp_path, arch):
     kw = {"seed": 3} if arch == "opt-proj" else {}
     _check(make_arch_checkpoint(tmp_path / arch, arch, **kw), PROMPTS)

@@ -21,6 +21,11 @@ def _llm(args):
                **gpu_memory(args))
 
 
+def tiny_model_archs() -> list[str]:
+    from engine.tiny_model import ARCHS  # no torch at import: `engine --help` stays fast
+
+    return list(ARCHS)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a Hugging Face checkpoint folder")
@@ -156,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _client_parser(sub, "chat", "chat with a running server (like `vllm chat`)")
     _client_parser(sub, "complete", "complete prompts on a running server (like `vllm complete`)")
-    t = sub.add_parser("make-tiny-model", help="write a small random Llama with a tokenizer "
-                       "and a chat template, for trying the engine offline")
+    t = sub.add_parser("make-tiny-model", help="write a small random model (a Llama, or --arch) "
+                       "with a tokenizer and a chat template, for trying the engine offline")
     t.add_argument("dir", help="a new folder")
+    t.add_argument("--arch", default="llama", choices=tiny_model_archs(),
+                   help="which architecture (default: llama)")
     t.add_argument("--seed", type=int, default=0)
     qz = sub.add_parser("quantize", help="write a quantized (compressed-tensors) copy of a "
                         "float checkpoint, by round to nearest")
@@ -221,8 +228,8 @@ def client(args) -> int:
 def make_tiny_model(args) -> int:
     from engine.tiny_model import make_tiny_model as make
 
-    path = make(args.dir, seed=args.seed)
-    print(f"wrote a tiny random Llama to {path}; try: engine serve {path}")
+    path = make(args.dir, arch=args.arch, seed=args.seed)
+    print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""`engine make-tiny-model DIR`: a small random Llama checkpoint, with a
-byte-level BPE tokenizer trained here and a chat template, so that the engine
-and its server can be tried without a network. Its output is gibberish."""
+"""`engine make-tiny-model DIR [--arch NAME]`: a small random checkpoint of any
+supported architecture (a Llama by default), with a byte-level BPE tokenizer
+trained here and a chat template, so that the engine and its server can be
+tried without a network. Its output is gibberish."""
 from __future__ import annotations
 
 import json
@@ -27,7 +28,40 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 SHAPE = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=2048)
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)
+
+# --arch NAME -> config.json keys beyond SHAPE: each supported architecture's
+# own features switched on, at the same small size
+ARCHS = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama"),
+    "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral",
+                    sliding_window=1024),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2"),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3"),
+    "granite": dict(architectures=["GraniteForCausalLM"], model_type="granite",
+                    embedding_multiplier=3.0, attention_multiplier=0.2,
+                    residual_multiplier=0.5, logits_scaling=2.0),
+    "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3",
+                 partial_rotary_factor=0.75),
+    "opt": dict(architectures=["OPTForCausalLM"], model_type="opt", ffn_dim=176,
+                word_embed_proj_dim=64, do_layer_norm_before=True,
+                activation_function="relu", num_key_value_heads=None, head_dim=None),
+    "gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", sliding_window=64,
+                   query_pre_attn_scalar=16, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh"),
+    "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                   sliding_window=64, query_pre_attn_scalar=16,
+                   layer_types=["sliding_attention", "full_attention"],
+                   hidden_activation="gelu_pytorch_tanh"),
+    "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                    num_local_experts=8, num_experts_per_tok=2, intermediate_size=64),
+    "qwen2_moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                      shared_expert_intermediate_size=96, norm_topk_prob=False),
+    "qwen3_moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                      norm_topk_prob=True),
+}
 
 
 def build_tokenizer(vocab_size: int):
@@ -45,12 +79,53 @@ def build_tokenizer(vocab_size: int):
     return tok
 
 
-def make_tiny_model(folder: str | Path, *, seed: int = 0, vocab_size: int = 512,
-                    init_std: float = 0.2) -> Path:
+def _checkpoint_shapes(config: dict) -> dict:
+    """Every tensor the engine's model for `config` reads, with its shape: the
+    model names them itself (checkpoint_map), so each architecture's tensors
+    come from the code that loads them."""
+    import tempfile
+
+    import torch
+
+    from engine.config import ModelConfig
+    from engine.model_executor.models.registry import model_class
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(config))
+        c = ModelConfig.from_dir(Path(d))
+    model = model_class(c.architecture)(c, torch.float32)
+    params = dict(model.named_parameters())
+    shapes, seen = {}, set()
+    # one key per parameter part: the current name where the map also takes an
+    # older one (OPT's first exports, without "model.")
+    for key, (name, part) in sorted(model.checkpoint_map().items(),
+                                    key=lambda kv: (not kv[0].startswith("model."), kv[0])):
+        if (name, part) in seen:
+            continue
+        seen.add((name, part))
+        shape = tuple(params[name].shape)
+        shapes[key] = shape if part is None else (params[name].shard_sizes[part], *shape[1:])
+    return shapes
+
+
+def _random(key: str, shape: tuple, gemma: bool, g, init_std: float):
+    import torch
+
+    if len(shape) > 1:
+        return torch.randn(shape, generator=g) * init_std
+    if "norm" in key or "layer_norm" in key:  # (1 + w) norms for Gemma, LayerNorm biases 0
+        return torch.zeros(shape) if gemma or key.endswith(".bias") else torch.ones(shape)
+    return torch.randn(shape, generator=g) * 0.02  # biases
+
+
+def make_tiny_model(folder: str | Path, *, arch: str = "llama", seed: int = 0,
+                    vocab_size: int = 512, init_std: float = 0.2) -> Path:
     """Write the checkpoint into folder (created; must be empty or absent)."""
     import torch
     from safetensors.torch import save_file
 
+    if arch not in ARCHS:
+        raise ValueError(f"--arch {arch!r} is not one of: {', '.join(ARCHS)}")
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ValueError(f"{folder} exists and is not an empty folder; choose a new one")
@@ -58,30 +133,18 @@ def make_tiny_model(folder: str | Path, *, seed: int = 0, vocab_size: int = 512,
     vocab = tok.get_vocab_size()
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
     im_end = tok.token_to_id(IM_END)
-    s = SHAPE
-    head_dim = s["hidden_size"] // s["num_attention_heads"]
-    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=vocab,
-                  **s, head_dim=head_dim, rms_norm_eps=1e-6, rope_theta=10000.0,
-                  hidden_act="silu", tie_word_embeddings=False, bos_token_id=bos,
-                  eos_token_id=[eos, im_end], torch_dtype="float32")
-    h, i, kv = s["hidden_size"], s["intermediate_size"], s["num_key_value_heads"] * head_dim
-    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
-              "lm_head.weight": (vocab, h)}
-    for n in range(s["num_hidden_layers"]):
-        p = f"model.layers.{n}."
-        shapes.update({p + "self_attn.q_proj.weight": (h, h),
-                       p + "self_attn.k_proj.weight": (kv, h),
-                       p + "self_attn.v_proj.weight": (kv, h),
-                       p + "self_attn.o_proj.weight": (h, h),
-                       p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                       p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
-                       p + "post_attention_layernorm.weight": (h,)})
+    config = {k: v for k, v in {**SHAPE, **ARCHS[arch]}.items() if v is not None}
+    config.update(vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  tie_word_embeddings=False, bos_token_id=bos, eos_token_id=[eos, im_end],
+                  pad_token_id=eos,
+                  torch_dtype="float32")
+    if arch != "opt":
+        config.setdefault("hidden_act", "silu")
     g = torch.Generator().manual_seed(seed)
     # large random weights keep the logits far from ties, so that greedy output
     # does not depend on how requests happen to be batched
-    tensors = {k: (torch.ones(shape) if len(shape) == 1 else
-                   torch.randn(shape, generator=g) * init_std).contiguous()
-               for k, shape in shapes.items()}
+    tensors = {k: _random(k, shape, arch.startswith("gemma"), g, init_std).contiguous()
+               for k, shape in _checkpoint_shapes(config).items()}
     tmp = folder.with_name(folder.name + ".partial")
     if tmp.exists():
         import shutil
@@ -95,7 +158,7 @@ def make_tiny_model(folder: str | Path, *, seed: int = 0, vocab_size: int = 512,
         {"bos_token_id": bos, "eos_token_id": [eos, im_end]}, indent=2) + "\n")
     (tmp / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": IM_END,
-         "pad_token": EOS, "model_max_length": s["max_position_embeddings"],
+         "pad_token": EOS, "model_max_length": SHAPE["max_position_embeddings"],
          "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
     if folder.exists():
         folder.rmdir()

@@ -31,8 +31,10 @@ def hf_greedy(path: Path, prompt_ids: list[int], n: int) -> list[int]:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor([prompt_ids])
-    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
+    # the mask spelled out: generate() would otherwise mask every id equal to
+    # pad_token_id, a BOS of 0 included
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                         min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, ids.shape[1]:].tolist()
 
 

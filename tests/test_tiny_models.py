@@ -1,0 +1,45 @@
+"""`engine make-tiny-model --arch NAME` for every supported architecture: a
+checkpoint transformers loads as the same model (greedy ids equal in float32)
+and `engine serve` serves."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_engine import hf_greedy, make_llm
+
+from engine.model_executor.models.registry import SUPPORTED_ARCHITECTURES
+from engine.sampling_params import SamplingParams
+from engine.tiny_model import ARCHS
+
+PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time there was"]
+FAST = ("llama", "qwen3_moe")
+
+
+def test_every_supported_architecture_has_a_tiny_model():
+    assert sorted(a for cfg in ARCHS.values() for a in cfg["architectures"]) == sorted(
+        SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("arch", [a if a in FAST else pytest.param(a, marks=pytest.mark.slow)
+                                  for a in ARCHS])
+def test_tiny_model_is_the_transformers_model(tmp_path, arch):
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "make-tiny-model",
+                          str(tmp_path / arch), "--arch", arch],
+                         capture_output=True, text=True, check=True)
+    assert f"wrote a tiny random {arch} model" in out.stdout
+    path = tmp_path / arch
+    outs = make_llm(path).generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12,
+                                                           ignore_eos=True))
+    got = [o.outputs[0].token_ids for o in outs]
+    assert got == [hf_greedy(path, o.prompt_token_ids, 12) for o in outs]
+    assert len({tuple(g) for g in got}) > 1
+
+
+def test_unknown_arch_is_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "make-tiny-model",
+                          str(tmp_path / "x"), "--arch", "bloom"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "invalid choice: 'bloom'" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x").exists()

@@ -43,3 +43,30 @@ def test_unknown_arch_is_one_line(tmp_path):
     assert out.returncode == 2
     assert "invalid choice: 'bloom'" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("arch", [a if a in FAST else pytest.param(a, marks=pytest.mark.slow)
+                                  for a in ARCHS])
+def test_engine_serve_serves_every_architecture(tmp_path, arch):
+    """Completions and chat (the tiny models carry a chat template) over the
+    OpenAI SDK; the completion equals the offline greedy text."""
+    import openai
+    from test_serve import ServerProcess
+
+    from engine.cli import main
+
+    path = tmp_path / arch
+    assert main(["make-tiny-model", str(path), "--arch", arch]) == 0
+    want = make_llm(path).generate([PROMPTS[0]], SamplingParams(
+        temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0].text
+    server = ServerProcess(path)
+    try:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        done = c.completions.create(model=str(path), prompt=PROMPTS[0], max_tokens=8,
+                                    temperature=0, extra_body={"ignore_eos": True})
+        assert done.choices[0].text == want
+        chat = c.chat.completions.create(model=str(path), max_tokens=4,
+                                         messages=[{"role": "user", "content": "Hello"}])
+        assert chat.usage.completion_tokens >= 1
+    finally:
+        server.close()

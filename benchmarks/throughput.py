@@ -7,8 +7,11 @@ speed allow.
 
     python benchmarks/throughput.py [--dtype float32|bfloat16] [--model-size smollm|small|large|tiny]
     python benchmarks/throughput.py --peer vllm [--model-size small|large]   # bash ci/setup-peer.sh first
+    python benchmarks/throughput.py --arch qwen3_moe|mixtral --peer vllm --model-size small
 
-Targets: at 16 concurrent requests of 128 new tokens, at least 2x the
+--arch picks the architecture (benchmarks/models.py: a Llama, or a mixture of
+experts of the same size: its roofline counts the experts a step is expected
+to read). Targets: at 16 concurrent requests of 128 new tokens, at least 2x the
 transformers tokens/s and 1.5x vLLM's; at one request, not slower than either,
 and the weights streamed at >= 90% of the machine's read bandwidth (measured
 here: the sum of a 1 GiB tensor). Greedy, EOS ignored; threads bound to CPUs
@@ -32,7 +35,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Targets, Worker, add_record_argument
-from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, num_params, prompt_ids
+from benchmarks.models import (ARCHS, MAX_POS, MODEL_SIZES, active_params, make_model,
+                               num_params, prompt_ids, read_params)
 
 BATCHES = ((16, 2.0, 1.5), (1, 1.0, 1.0))  # (requests, target vs transformers, vs vllm)
 BANDWIDTH_TARGET = 0.9  # at one request: weight bytes per second / read bandwidth
@@ -140,10 +144,10 @@ def run_child(python: str, args: list[str], env) -> dict:
     return json.loads(results[-1][len("RESULT "):])
 
 
-def roofline(params: int, itemsize: int, batch: int, machine: dict) -> float:
-    """Decode tokens/s bound: each step reads every weight once and does
-    2 flops per weight per sequence (attention over 160 tokens is negligible)."""
-    step = max(params * itemsize / machine["bandwidth"], batch * 2 * params / machine["flops"])
+def roofline(read: int, active: int, itemsize: int, batch: int, machine: dict) -> float:
+    """Decode tokens/s bound: each step reads `read` weights once and does 2
+    flops per active weight per sequence (attention over 160 tokens is negligible)."""
+    step = max(read * itemsize / machine["bandwidth"], batch * 2 * active / machine["flops"])
     return batch / step
 
 
@@ -153,6 +157,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--model-size", default="smollm", choices=sorted(MODEL_SIZES))
+    p.add_argument("--arch", default="llama", choices=ARCHS,
+                   help="a Llama, or a mixture of experts of that size (default: llama)")
     p.add_argument("--peer", choices=["transformers", "vllm"], default="transformers")
     p.add_argument("--threads", default="0-1", help="CPUs every engine runs on (default 0-1)")
     p.add_argument("--child")
@@ -174,11 +180,12 @@ def main() -> int:
     env = peer_env(a.threads)
     peer_python = str(require_peer()) if a.peer == "vllm" else sys.executable
     with tempfile.TemporaryDirectory() as tmp:
-        model = str(make_model(Path(tmp) / "m", a.model_size))
-        params = num_params(a.model_size)
+        model = str(make_model(Path(tmp) / "m", a.model_size, arch=a.arch))
+        params = num_params(a.model_size, a.arch)
         itemsize = 4 if a.dtype == "float32" else 2
         machine = run_child(sys.executable, ["--child", "roofline", "--dtype", a.dtype], env)
-        print(f"checkpoint: random Llama '{a.model_size}' (~{params / 1e6:.0f}M parameters), "
+        print(f"checkpoint: random {a.arch} '{a.model_size}' (~{params / 1e6:.0f}M parameters, "
+              f"{active_params(a.model_size, a.arch) / 1e6:.0f}M active a token), "
               f"{a.dtype}, prompts of {a.prompt_len} tokens, {a.new} new tokens each, CPUs "
               f"{a.threads}; machine: {machine['bandwidth'] / 1e9:.1f} GB/s read, "
               f"{machine['flops'] / 1e9:.0f} GFLOP/s matmul")
@@ -204,7 +211,8 @@ def main() -> int:
             target = target_vllm if a.peer == "vllm" else target_hf
             e, h = e_side.best[batch], h_side.best[batch]
             te, th = e["tokens"] / e["seconds"], h["tokens"] / h["seconds"]
-            roof = roofline(params, itemsize, batch, machine)
+            read = read_params(a.model_size, a.arch, batch)
+            roof = roofline(read, active_params(a.model_size, a.arch), itemsize, batch, machine)
             same = sum(x == y for x, y in zip(e["ids"], h["ids"]))
             print(f"{batch:>8} {te:>13.1f} {th:>19.1f} {te / th:>6.2f}x {roof:>9.0f} "
                   f"{te / roof:>6.0%} {th / roof:>12.0%}  "
@@ -213,11 +221,12 @@ def main() -> int:
             targets.record(f"{batch} requests: tok/s vs {a.peer}", te / th, target)
             if batch == 1:
                 targets.record("1 request: weight bytes/s vs read bandwidth",
-                               te * params * itemsize / machine["bandwidth"], BANDWIDTH_TARGET)
+                               te * read * itemsize / machine["bandwidth"], BANDWIDTH_TARGET)
         print(f"start-up: engine {e_side.startup:.1f} s, {a.peer} {h_side.startup:.1f} s; "
               f"peak RSS over the run: engine {e_side.rss.peak:.0f} MB, {a.peer} "
               f"{h_side.rss.peak:.0f} MB")
     name = f"throughput --model-size {a.model_size} --dtype {a.dtype} --peer {a.peer}"
+    name += f" --arch {a.arch}" if a.arch != "llama" else ""
     return targets.finish(a.check, record_as=name if a.record else None)
 
 

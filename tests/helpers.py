@@ -244,9 +244,10 @@ WORDS = ("the a of to and in is it you that he was for on are with as his they b
 def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, hidden: int = 64,
                     layers: int = 2, heads: int = 4, kv_heads: int = 2, inter: int = 128,
                     max_pos: int = 512, vocab_size: int | None = None,
-                    init_std: float = 0.2) -> Path:
+                    init_std: float = 0.2, **config_extra) -> Path:
     """A small random Llama-family checkpoint (transformers, fixed seed) with a
-    word-level tokenizer.json built by the tokenizers library."""
+    word-level tokenizer.json built by the tokenizers library; config_extra
+    goes to the config (the MoE families' expert counts)."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -261,12 +262,14 @@ def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, h
         "mistral": ("MistralConfig", "MistralForCausalLM"),
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     }[model_type]
     config = getattr(transformers, cfg_cls)(
         vocab_size=vocab_size or len(vocab), hidden_size=hidden, intermediate_size=inter,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=max_pos, bos_token_id=1, eos_token_id=2,
-        tie_word_embeddings=False, head_dim=hidden // heads)
+        tie_word_embeddings=False, head_dim=hidden // heads, **config_extra)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():  # random weights large enough that logits are not near-ties

@@ -3,12 +3,45 @@ experts themselves (FusedMoE), run as one op over every row of the batch,
 grouped by expert (engine.ops.fused_moe, csrc/cpu/moe_impl.h)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
 from engine import ops, reference
+from engine.config import ModelConfig
 from engine.model_executor.layers.linear import pack_panels
 from engine.platforms import cpu_features, cpu_hugepages
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    """A config's mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE)."""
+
+    MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+    num_experts: int
+    top_k: int
+    intermediate: int  # each expert's, whole (before tensor parallel)
+    renormalize: bool
+    shared_intermediate: int  # 0: no shared expert
+
+    @classmethod
+    def of(cls, c: ModelConfig) -> "MoeShape":
+        hf = c.hf
+        experts = hf.get("num_local_experts") or hf.get("num_experts") or 0
+        if c.model_type == "mixtral":
+            return cls(experts, hf["num_experts_per_tok"], hf["intermediate_size"], True, 0)
+        shared = hf.get("shared_expert_intermediate_size", 0) if c.model_type == "qwen2_moe" else 0
+        return cls(experts, hf["num_experts_per_tok"], hf["moe_intermediate_size"],
+                   bool(hf.get("norm_topk_prob", False)), shared or 0)
+
+    def sparse(self, c: ModelConfig, index: int) -> bool:
+        """Whether layer `index` routes to experts (else a dense MLP)."""
+        if c.model_type == "mixtral":
+            return True
+        step = c.hf.get("decoder_sparse_step", 1) or 1
+        return (index not in (c.hf.get("mlp_only_layers") or []) and self.num_experts > 0
+                and (index + 1) % step == 0)
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int,

@@ -1,14 +1,16 @@
-"""Tensor parallelism for the Llama family, as upstream lays it out:
+"""Tensor parallelism for the Llama family (and its MoE kin), as upstream lays it out:
 column-parallel q/k/v and gate/up (each rank its heads and its slice of the
 MLP), row-parallel o_proj and down (partial sums, all-reduced),
 vocabulary-parallel embedding (masked lookup, all-reduced) and LM head (each
 rank the logits of its vocabulary slice, all-gathered). KV heads are split
 across ranks; where there are fewer KV heads than ranks each is replicated
 on tp / num_kv_heads ranks. With one rank every function here is the plain
-computation."""
+computation. Every expert (routed or shared) splits its intermediate columns
+as the dense MLP does; the router is whole on every rank."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 import torch.nn.functional as F
@@ -17,12 +19,14 @@ from engine.config import ModelConfig
 from engine.distributed.communication_op import (tensor_model_parallel_all_gather,
                                                  tensor_model_parallel_all_reduce)
 from engine.distributed.parallel_state import tp_rank, tp_size
+from engine.model_executor.layers.fused_moe import MoeShape
 
 
 #: the architectures whose layers and checkpoint names this module splits
 #: (Phi-3's fused qkv_proj/gate_up_proj, OPT and Gemma are not split yet)
 TP_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                              "Qwen3ForCausalLM", "GraniteForCausalLM"})
+                              "Qwen3ForCausalLM", "GraniteForCausalLM", "MixtralForCausalLM",
+                              "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
 
 
 def check_shardable(c: ModelConfig, tp: int) -> None:
@@ -36,9 +40,15 @@ def check_shardable(c: ModelConfig, tp: int) -> None:
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
         raise ValueError(f"tensor_parallel_size {tp} and the model's {kv} KV heads: one must "
                          "divide the other")
-    if c.intermediate_size % tp:
-        raise ValueError(f"tensor_parallel_size {tp} does not divide the model's "
-                         f"intermediate_size {c.intermediate_size}")
+    sizes = {"intermediate_size": c.intermediate_size}
+    if c.model_type in MoeShape.MODEL_TYPES:  # every expert's columns are split too
+        moe = MoeShape.of(c)
+        sizes |= {"experts' intermediate size": moe.intermediate,
+                  "shared expert's intermediate size": moe.shared_intermediate}
+    for what, size in sizes.items():
+        if size % tp:
+            raise ValueError(f"tensor_parallel_size {tp} does not divide the model's "
+                             f"{what} {size}")
 
 
 def local_config(c: ModelConfig, tp: int | None = None) -> ModelConfig:
@@ -79,6 +89,10 @@ def gather_logits(local: torch.Tensor, vocab: int) -> torch.Tensor:
 
 reduce = tensor_model_parallel_all_reduce
 
+# a routed expert's (Mixtral's w1/w3/w2, Qwen's gate/up/down_proj) or the shared one's
+_EXPERT = re.compile(r"\.(?:experts\.\d+|(?P<shared>shared_expert))\."
+                     r"(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+
 
 def checkpoint_slice(c: ModelConfig, key: str) -> tuple[int, int, int] | None:
     """(dim, start, end): the part of checkpoint tensor `key` this rank holds;
@@ -89,6 +103,11 @@ def checkpoint_slice(c: ModelConfig, key: str) -> tuple[int, int, int] | None:
     if key in ("model.embed_tokens.weight", "lm_head.weight"):
         start, end, _ = vocab_range(c.vocab_size, tp, rank)
         return 0, start, end
+    expert = _EXPERT.search(key)
+    if expert:  # a routed or shared expert's projection: its intermediate columns
+        moe = MoeShape.of(c)
+        inter = (moe.shared_intermediate if expert["shared"] else moe.intermediate) // tp
+        return (1 if expert["proj"] in ("w2", "down_proj") else 0), rank * inter, (rank + 1) * inter
     suffix = key.rsplit(".", 3)
     name = ".".join(suffix[-3:])  # e.g. self_attn.q_proj.weight
     hd = c.head_dim

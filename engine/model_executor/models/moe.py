@@ -6,8 +6,6 @@ in mlp_only_layers, or off decoder_sparse_step, keep a dense MLP, as in
 transformers. Tensor parallel splits every expert's intermediate columns."""
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,7 +13,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.distributed.parallel_state import tp_size
 from engine.model_executor.layers.activation import SiluAndMul
-from engine.model_executor.layers.fused_moe import FusedMoE, select_experts
+from engine.model_executor.layers.fused_moe import FusedMoE, MoeShape, select_experts
 from engine.model_executor.layers.linear import Linear
 from engine.model_executor.models.llama import DecoderLayer, LlamaForCausalLM
 
@@ -25,33 +23,6 @@ _EXPERT_NAMES = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
                  "qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
 _SHARED = ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
            "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight")
-
-
-@dataclasses.dataclass(frozen=True)
-class MoeShape:
-    num_experts: int
-    top_k: int
-    intermediate: int  # each expert's, whole (before tensor parallel)
-    renormalize: bool
-    shared_intermediate: int  # 0: no shared expert
-
-    @classmethod
-    def of(cls, c: ModelConfig) -> "MoeShape":
-        hf = c.hf
-        experts = hf.get("num_local_experts") or hf.get("num_experts") or 0
-        if c.model_type == "mixtral":
-            return cls(experts, hf["num_experts_per_tok"], c.intermediate_size, True, 0)
-        shared = hf.get("shared_expert_intermediate_size", 0) if c.model_type == "qwen2_moe" else 0
-        return cls(experts, hf["num_experts_per_tok"], hf["moe_intermediate_size"],
-                   bool(hf.get("norm_topk_prob", False)), shared or 0)
-
-    def sparse(self, c: ModelConfig, index: int) -> bool:
-        """Whether layer `index` routes to experts (else a dense MLP)."""
-        if c.model_type == "mixtral":
-            return True
-        step = c.hf.get("decoder_sparse_step", 1) or 1
-        return (index not in (c.hf.get("mlp_only_layers") or []) and self.num_experts > 0
-                and (index + 1) % step == 0)
 
 
 class SparseMoeBlock(nn.Module):

@@ -39,6 +39,8 @@ class EngineConfig:
     bind_threads: bool
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: one process (uniproc)
+    data_parallel_size: int = 1  # engine replicas (engine.executor.data_parallel)
+    data_parallel_rank: int = 0  # this replica's (its ranks' CPUs come after the ones before)
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
 
@@ -162,6 +164,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
                          enable_chunked_prefill: bool | None = None,
                          enable_prefix_caching: bool | None = None,
+                         data_parallel_size: int = 1, data_parallel_rank: int = 0,
                          ) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
@@ -189,8 +192,21 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
             f"{fix} or lower max_model_len")
     mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
     backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend)
+    check_data_parallel(data_parallel_size, data_parallel_rank, distributed_executor_backend)
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
-                        budget, bind_threads, tensor_parallel_size, backend, chunked, prefix)
+                        budget, bind_threads, tensor_parallel_size, backend, data_parallel_size,
+                        data_parallel_rank, chunked, prefix)
+
+
+def check_data_parallel(dp: int, rank: int, backend: str | None) -> None:
+    """data_parallel_size replicas run as processes on this machine."""
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise ValueError(f"data_parallel_size must be a whole number >= 1, got {dp!r}")
+    if not 0 <= rank < dp:
+        raise ValueError(f"data_parallel_rank {rank} is outside 0..{dp - 1}")
+    if dp > 1 and backend == "ray":
+        raise ValueError("data_parallel_size > 1 runs its replicas as processes on this machine; "
+                         "with distributed_executor_backend 'ray' use data_parallel_size 1")
 
 
 def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | None:

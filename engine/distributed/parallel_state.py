@@ -36,6 +36,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def replica_bindings(tp: int, dp: int = 1, dp_rank: int = 0) -> list:
+    """The CPU bindings (engine.platforms.cpu_binding) of one data-parallel
+    replica's tp ranks. The machine's dp x tp ranks are planned together, so
+    VLLM_CPU_OMP_THREADS_BIND names one list per rank, replica after replica
+    ('0|1' with -dp 2: replica 0 on CPU 0, replica 1 on CPU 1), and `auto`
+    gives each its own NUMA node; this replica's share is returned."""
+    from engine.platforms import cpu_binding
+
+    if dp == 1 and tp == 1:  # one rank: list 0 of any list, as before there was -dp
+        return [cpu_binding.plan()]
+    return cpu_binding.plan_all(dp * tp)[dp_rank * tp:(dp_rank + 1) * tp]
+
+
 def init(rank: int, dist: DistInit) -> None:
     """Take `rank`'s place: the model built next is this rank's shard."""
     global _rank, _world

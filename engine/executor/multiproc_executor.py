@@ -21,7 +21,8 @@ from multiprocessing.connection import wait
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed import parallel_state
-from engine.distributed.parallel_state import DistInit, RankDiedError, free_port
+from engine.distributed.parallel_state import (DistInit, RankDiedError, free_port,
+                                               replica_bindings)
 from engine.engine_args import EngineConfig
 from engine.executor.uniproc_executor import build_runner
 from engine.platforms import cpu_binding, cpu_preload
@@ -35,7 +36,8 @@ class MultiprocExecutor:
     def __init__(self, config: EngineConfig, blocks: BlockManager):
         world = config.tensor_parallel_size
         # every rank's binding checked before any process starts: errors are one line here
-        bindings = cpu_binding.plan_all(world) if config.bind_threads else [None] * world
+        bindings = (replica_bindings(world, config.data_parallel_size, config.data_parallel_rank)
+                    if config.bind_threads else [None] * world)
         cpu_preload.warn_if_not_preloaded()
         dist = DistInit("127.0.0.1", free_port(), world)
         ctx = mp.get_context("spawn")  # a fork would copy torch's OpenMP pool and locks

@@ -55,7 +55,7 @@ class DPEngineCore:
         dp = c.data_parallel_size
         if c.bind_threads:  # every replica's ranks checked before any process starts
             for rank in range(dp):
-                replica_bindings(c.tensor_parallel_size, dp, rank)
+                replica_bindings(c.world_size, dp, rank)
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[Sequence] = []
         self.owner: dict[str, int] = {}

@@ -74,7 +74,7 @@ class RayExecutor:
 
         from engine.distributed.parallel_state import DistInit
 
-        world = config.tensor_parallel_size
+        world = config.world_size
         self.blocks, self.dead = blocks, None
         self.eos_token_ids = config.model.eos_token_ids
         ray.init(address=envs.ray_address(), ignore_reinit_error=True, log_to_driver=False)
@@ -90,7 +90,7 @@ class RayExecutor:
             for rank in range(world)]
         nodes = self._get([a.node_id.remote() for a in self.actors])
         host, port = self._get([self.actors[0].address.remote()])[0]
-        dist = DistInit(host, port, world)
+        dist = DistInit(host, port, world, config.pipeline_parallel_size)
         self._get([a.load.remote(dist) for a in self.actors])
         self._get([a.join.remote(dist) for a in self.actors])
         logger.info("tensor parallel: %d ranks on Ray (gloo on %s:%d), on nodes %s", world, host,

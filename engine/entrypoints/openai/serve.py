@@ -35,6 +35,7 @@ def serve(args) -> int:
                        max_model_len=args.max_model_len,
                        tensor_parallel_size=args.tensor_parallel_size,
                        data_parallel_size=args.data_parallel_size,
+                       pipeline_parallel_size=args.pipeline_parallel_size,
                        distributed_executor_backend=args.distributed_executor_backend,
                        enable_chunked_prefill=args.enable_chunked_prefill,
                        enable_prefix_caching=args.enable_prefix_caching,

@@ -5,6 +5,8 @@ never joins one is rank 0 of 1, stage 0 of 1, and every collective of
 engine.distributed.communication_op is then a no-op."""
 from __future__ import annotations
 
+import logging
+import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,10 +29,12 @@ class DistInit:
     port: int
     world_size: int  # every rank: tp x pp
     pp_size: int = 1  # pipeline stages
+    same_machine: bool = False  # every rank on this machine: all-reduce through shared memory
 
 
 _rank, _world = 0, 1  # tensor parallel, within this stage
 _pp_rank, _pp_size = 0, 1
+_shm = None  # the shared-memory all-reduce (engine.distributed.shm_all_reduce), when there is one
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,15 +74,55 @@ def join(rank: int, dist: DistInit) -> None:
         td.init_process_group("gloo", init_method=f"tcp://{dist.host}:{dist.port}", rank=rank,
                               world_size=dist.world_size,
                               timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        if dist.same_machine and dist.pp_size == 1:
+            _join_shared_memory(rank, dist)
+
+
+def _join_shared_memory(rank: int, dist: DistInit) -> None:
+    """Map the ranks' shared all-reduce buffers (named by the group's port,
+    unlinked once every rank has mapped them)."""
+    global _shm
+    import torch.distributed as td
+
+    from engine.distributed import shm_all_reduce
+
+    if not shm_all_reduce.supported():
+        return
+    path = f"/dev/shm/vllm-engine-allreduce-{dist.port}"
+    if rank == 0:
+        if os.path.exists(path):  # left by a run that crashed on this port
+            os.unlink(path)
+        _shm = shm_all_reduce.ShmAllReduce(path, 0, dist.world_size, COLLECTIVE_TIMEOUT_S, True)
+    td.barrier()
+    if rank:
+        _shm = shm_all_reduce.ShmAllReduce(path, rank, dist.world_size, COLLECTIVE_TIMEOUT_S,
+                                           False)
+    td.barrier()
+    if rank == 0:
+        os.unlink(path)
+        logging.getLogger("engine").info(
+            "all-reduce: shared memory for tensors up to %d MiB, gloo above",
+            shm_all_reduce.SLOT_BYTES >> 20)
+
+
+def shared_memory_all_reduce():
+    """The shared-memory all-reduce of this rank's group, or None."""
+    return _shm
+
+
+def abort_collectives() -> None:
+    """Make every rank waiting in a shared-memory all-reduce raise (a rank died)."""
+    if _shm is not None:
+        _shm.abort()
 
 
 def destroy() -> None:
-    global _rank, _world, _pp_rank, _pp_size
+    global _rank, _world, _pp_rank, _pp_size, _shm
     import torch.distributed as td
 
     if td.is_initialized():
         td.destroy_process_group()
-    _rank, _world, _pp_rank, _pp_size = 0, 1, 0, 1
+    _rank, _world, _pp_rank, _pp_size, _shm = 0, 1, 0, 1, None
 
 
 def tp_rank() -> int:

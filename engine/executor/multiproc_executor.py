@@ -39,7 +39,8 @@ class MultiprocExecutor:
         bindings = (replica_bindings(world, config.data_parallel_size, config.data_parallel_rank)
                     if config.bind_threads else [None] * world)
         cpu_preload.warn_if_not_preloaded()
-        dist = DistInit("127.0.0.1", free_port(), world, config.pipeline_parallel_size)
+        dist = DistInit("127.0.0.1", free_port(), world, config.pipeline_parallel_size,
+                        same_machine=True)
         ctx = mp.get_context("spawn")  # a fork would copy torch's OpenMP pool and locks
         self.procs, self.conns, self.dead = {}, {}, None
         self.eos_token_ids = config.model.eos_token_ids
@@ -98,6 +99,7 @@ class MultiprocExecutor:
             self.dead = f"tensor-parallel rank {rank} died (exit code " \
                         f"{self.procs[rank].exitcode})"
             logger.error("%s; the engine stops", self.dead)
+            parallel_state.abort_collectives()  # a rank waiting on it in shared memory raises
 
     def check_health(self) -> None:
         if self.dead is not None:

@@ -1,5 +1,6 @@
-"""Tensor parallel on this machine: gloo all-reduce latency between two
-ranks (one CPU each) for one hidden state up to a batch of them, and decode
+"""Tensor parallel on this machine: all-reduce latency between two ranks
+(one CPU each), gloo against shared memory (engine.distributed.shm_all_reduce),
+for one hidden state up to a batch of them, and decode
 tok/s of -tp 2 (one core per rank) against one rank with two threads, at 1
 and 16 requests, on the small random Llama of benchmarks/models.py.
 
@@ -24,17 +25,26 @@ from benchmarks.models import MODEL_SIZES, make_model, prompt_ids  # noqa: E402
 
 ALLREDUCE = """
 import os, sys, time, torch, torch.distributed as td
+from engine.distributed.shm_all_reduce import ShmAllReduce
 rank, port, sizes = int(sys.argv[1]), sys.argv[2], [int(s) for s in sys.argv[3].split(",")]
 os.sched_setaffinity(0, {rank}); torch.set_num_threads(1)
 td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+path = f"/dev/shm/vllm-engine-bench-{port}"
+if rank == 0: shm = ShmAllReduce(path, 0, 2, 60, True)
+td.barrier()
+if rank: shm = ShmAllReduce(path, 1, 2, 60, False)
+td.barrier()
+if rank == 0: os.unlink(path)
+def timed(reduce, x, reps):
+    for _ in range(20): reduce(x)
+    td.barrier(); t0 = time.perf_counter()
+    for _ in range(reps): reduce(x)
+    return (time.perf_counter() - t0) / reps
 for n in sizes:
     x = torch.ones(n)
-    for _ in range(20): td.all_reduce(x)
     reps = 500 if n < 1 << 16 else 50
-    td.barrier(); t0 = time.perf_counter()
-    for _ in range(reps): td.all_reduce(x)
-    dt = (time.perf_counter() - t0) / reps
-    if rank == 0: print(n, dt, flush=True)
+    gloo, mem = timed(td.all_reduce, x, reps), timed(shm.all_reduce, x, reps)
+    if rank == 0: print(n, gloo, mem, flush=True)
 """
 
 DECODE = """
@@ -49,15 +59,18 @@ print(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
 """
 
 
-def allreduce(hidden: int) -> list[tuple[int, float]]:
+def allreduce(hidden: int) -> list[tuple[int, float, float]]:
+    """(floats, gloo seconds, shared-memory seconds) per size."""
     from engine.distributed.parallel_state import free_port
 
     port, sizes = str(free_port()), f"{hidden},{hidden * 16},{hidden * 256}"
     procs = [subprocess.Popen([sys.executable, "-c", ALLREDUCE, str(r), port, sizes],
-                              stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}) for r in (0, 1)]
     out = procs[0].communicate(timeout=300)[0]
     procs[1].wait(timeout=60)
-    return [(int(a), float(b)) for a, b in (line.split() for line in out.split("\n") if line)]
+    return [(int(a), float(b), float(c))
+            for a, b, c in (line.split() for line in out.split("\n") if line)]
 
 
 def decode(path: Path, tp: int, n: int, out_len: int) -> float:
@@ -77,10 +90,12 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=64)
     args = ap.parse_args()
     hidden = MODEL_SIZES[args.size]["hidden"]
-    print(f"gloo all-reduce, 2 ranks on 127.0.0.1, float32 (hidden {hidden}):")
-    for n, dt in allreduce(hidden):
-        print(f"  {n:>9} floats ({n // hidden:>3} tokens): {dt * 1e6:9.1f} us  "
-              f"{n * 4 / dt / 1e9:6.2f} GB/s")
+    print(f"all-reduce, 2 ranks (one CPU each), float32 (hidden {hidden}): gloo on 127.0.0.1 "
+          "vs shared memory")
+    for n, gloo, shm in allreduce(hidden):
+        print(f"  {n:>9} floats ({n // hidden:>3} tokens): gloo {gloo * 1e6:9.1f} us "
+              f"{n * 4 / gloo / 1e9:6.2f} GB/s | shm {shm * 1e6:9.1f} us "
+              f"{n * 4 / shm / 1e9:6.2f} GB/s = {gloo / shm:5.1f}x")
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(Path(tmp) / args.size, args.size)
         for n in (1, 16):

@@ -15,6 +15,8 @@ def _llm(args):
     return LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                tensor_parallel_size=args.tensor_parallel_size,
+               data_parallel_size=args.data_parallel_size,
+               pipeline_parallel_size=args.pipeline_parallel_size,
                distributed_executor_backend=args.distributed_executor_backend,
                enable_chunked_prefill=args.enable_chunked_prefill,
                enable_prefix_caching=args.enable_prefix_caching,
@@ -54,6 +56,11 @@ def parallel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
                    help="ranks the model is split over (one process each; pin them with "
                    "VLLM_CPU_OMP_THREADS_BIND='0-31|32-63')")
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
+                   help="stages the model's layers are split in (one process each)")
+    p.add_argument("-dp", "--data-parallel-size", type=int, default=1,
+                   help="engine replicas (one process each, requests to the least loaded; "
+                   "VLLM_CPU_OMP_THREADS_BIND names a list per rank, replica after replica)")
     p.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
                    help="mp: processes on this machine (default with -tp > 1); ray: a Ray "
                    "cluster ($RAY_ADDRESS or a local one)")

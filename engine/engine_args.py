@@ -12,7 +12,8 @@ import torch
 
 from engine import envs
 from engine.config import ModelConfig
-from engine.model_executor.layers.parallel import TP_ARCHITECTURES, check_shardable
+from engine.model_executor.layers.parallel import (TP_ARCHITECTURES, check_shardable,
+                                                  check_stages)
 from engine.model_source import resolve_model
 from engine.platforms import current as current_platform
 
@@ -39,8 +40,16 @@ class EngineConfig:
     bind_threads: bool
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: one process (uniproc)
+    pipeline_parallel_size: int = 1  # stages, each a range of layers
+    data_parallel_size: int = 1  # engine replicas (engine.executor.data_parallel)
+    data_parallel_rank: int = 0  # this replica's (its ranks' CPUs come after the ones before)
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
+
+    @property
+    def world_size(self) -> int:
+        """The ranks of one replica: tp ranks in each of pp stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 def available_memory_bytes() -> int | None:
@@ -162,6 +171,8 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
                          enable_chunked_prefill: bool | None = None,
                          enable_prefix_caching: bool | None = None,
+                         data_parallel_size: int = 1, data_parallel_rank: int = 0,
+                         pipeline_parallel_size: int = 1,
                          ) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
@@ -188,25 +199,46 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
             f"sequence of the model's context ({max_len} tokens); raise "
             f"{fix} or lower max_model_len")
     mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
-    backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend)
+    backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend,
+                               pipeline_parallel_size)
+    check_data_parallel(data_parallel_size, data_parallel_rank, distributed_executor_backend)
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
-                        budget, bind_threads, tensor_parallel_size, backend, chunked, prefix)
+                        budget, bind_threads, tensor_parallel_size, backend,
+                        pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
+                        prefix)
 
 
-def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | None:
-    """The executor backend for tp ranks (as upstream: `mp` on one machine
+def check_data_parallel(dp: int, rank: int, backend: str | None) -> None:
+    """data_parallel_size replicas run as processes on this machine."""
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise ValueError(f"data_parallel_size must be a whole number >= 1, got {dp!r}")
+    if not 0 <= rank < dp:
+        raise ValueError(f"data_parallel_rank {rank} is outside 0..{dp - 1}")
+    if dp > 1 and backend == "ray":
+        raise ValueError("data_parallel_size > 1 runs its replicas as processes on this machine; "
+                         "with distributed_executor_backend 'ray' use data_parallel_size 1")
+
+
+def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1) -> str | None:
+    """The executor backend for tp x pp ranks (as upstream: `mp` on one machine
     unless `ray` is asked for), after checking the model splits over them."""
     if not isinstance(tp, int) or isinstance(tp, bool):
         raise ValueError(f"tensor_parallel_size must be a whole number, got {tp!r}")
     check_shardable(mc, tp)
+    check_stages(mc, pp)
     if backend not in (None, "mp", "ray", "uni"):
         raise ValueError(f"distributed_executor_backend {backend!r} is not supported; use mp "
                          "(processes on this machine) or ray (a Ray cluster)")
-    if tp > 1 and mc.architecture not in TP_ARCHITECTURES:
-        raise ValueError(f"tensor_parallel_size {tp}: tensor parallel runs "
-                         f"{', '.join(sorted(TP_ARCHITECTURES))} so far, not {mc.architecture}; "
-                         "use tensor_parallel_size 1")
-    if tp == 1:
+    for size, name, what in ((tp, "tensor_parallel_size", "tensor"),
+                             (pp, "pipeline_parallel_size", "pipeline")):
+        if size > 1 and mc.architecture not in TP_ARCHITECTURES:
+            raise ValueError(f"{name} {size}: {what} parallel runs "
+                             f"{', '.join(sorted(TP_ARCHITECTURES))} so far, not "
+                             f"{mc.architecture}; use {name} 1")
+    if tp > 1 and pp > 1:
+        raise ValueError(f"tensor_parallel_size {tp} with pipeline_parallel_size {pp}: the two "
+                         "are not combined yet; use one of them")
+    if tp == 1 and pp == 1:
         return None
     if backend == "ray":
         import importlib.util
@@ -215,8 +247,8 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None) -> str | Non
             raise ValueError("distributed_executor_backend 'ray' needs the ray package: "
                              "pip install -r requirements/ray.txt")
     if backend == "uni":
-        raise ValueError(f"distributed_executor_backend 'uni' runs one rank; "
-                         f"tensor_parallel_size {tp} needs mp or ray")
+        raise ValueError(f"distributed_executor_backend 'uni' runs one rank; {tp * pp} ranks "
+                         "need mp or ray")
     return backend or "mp"
 
 

@@ -1,12 +1,15 @@
-"""Tensor parallel over the mixture-of-experts families: every expert's
+"""Parallel over the mixture-of-experts families: with -tp every expert's
 intermediate columns split across the ranks (routed and shared ones), the
-router whole on each; greedy ids of two ranks equal one rank's."""
+router whole on each; -pp stages and -dp replicas too; greedy ids equal one
+rank's."""
 from __future__ import annotations
 
 import json
 
 import pytest
 from arch_checkpoints import make_arch_checkpoint
+import test_parallel_dp
+import test_parallel_pp
 from test_parallel import run_engine
 
 from engine.config import ModelConfig
@@ -20,6 +23,18 @@ def test_tp2_moe_greedy_ids_equal_one_rank(tmp_path, arch):
     one = run_engine(model, 1)
     assert json.loads(one) and json.loads(one)[0]
     assert run_engine(model, 2) == one
+
+
+@pytest.mark.slow
+def test_pp2_and_dp2_moe_greedy_ids_equal_one_rank(tmp_path):
+    # three layers (stage 0 takes two): a sparse one on each side of the split
+    # and Qwen2-MoE's dense one (mlp_only_layers=[1]) inside
+    model = make_arch_checkpoint(tmp_path / "q", "qwen2_moe")
+    one = test_parallel_pp.run_engine(model, 1)
+    assert test_parallel_pp.run_engine(model, 2) == one
+    dp_one, _ = json.loads(test_parallel_dp.run_engine(model, 1))
+    dp_two, _ = json.loads(test_parallel_dp.run_engine(model, 2))
+    assert dp_one and dp_two == dp_one
 
 
 def test_expert_slices(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
-from engine.core.engine_core import EngineCore
 from engine.core.sequence import Sequence
+from engine.executor.data_parallel import engine_core
 from engine.sampling_params import SamplingParams, with_model_defaults
 
 
@@ -36,12 +36,13 @@ class RequestOutput:
 
 class LLM:
     """Runs prompts to completion on an EngineCore (the same core the server
-    drives); keyword arguments are EngineCore's."""
+    drives; with data_parallel_size > 1 the front of that many); keyword
+    arguments are EngineCore's."""
 
     _batches = itertools.count()
 
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", **kwargs):
-        self.core = EngineCore(model, dtype, **kwargs)
+        self.core = engine_core(model, dtype, **kwargs)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """As upstream: the checkpoint's generation_config.json sampling fields

@@ -1,4 +1,4 @@
-"""Tensor parallel on this machine (distributed_executor_backend="mp"): the
+"""Tensor and pipeline parallel on this machine (distributed_executor_backend="mp"): the
 driver process is rank 0, as upstream's CPU path has it, and ranks 1..N-1
 are processes of their own (engine.worker.tp_worker). The scheduler runs once,
 here; each step's inputs go to every rank over a pipe, the ranks run the same
@@ -21,7 +21,8 @@ from multiprocessing.connection import wait
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed import parallel_state
-from engine.distributed.parallel_state import DistInit, RankDiedError, free_port
+from engine.distributed.parallel_state import (DistInit, RankDiedError, free_port,
+                                               replica_bindings)
 from engine.engine_args import EngineConfig
 from engine.executor.uniproc_executor import build_runner
 from engine.platforms import cpu_binding, cpu_preload
@@ -33,11 +34,13 @@ logger = logging.getLogger("engine")
 
 class MultiprocExecutor:
     def __init__(self, config: EngineConfig, blocks: BlockManager):
-        world = config.tensor_parallel_size
+        world = config.world_size
         # every rank's binding checked before any process starts: errors are one line here
-        bindings = cpu_binding.plan_all(world) if config.bind_threads else [None] * world
+        bindings = (replica_bindings(world, config.data_parallel_size, config.data_parallel_rank)
+                    if config.bind_threads else [None] * world)
         cpu_preload.warn_if_not_preloaded()
-        dist = DistInit("127.0.0.1", free_port(), world)
+        dist = DistInit("127.0.0.1", free_port(), world, config.pipeline_parallel_size,
+                        same_machine=True)
         ctx = mp.get_context("spawn")  # a fork would copy torch's OpenMP pool and locks
         self.procs, self.conns, self.dead = {}, {}, None
         self.eos_token_ids = config.model.eos_token_ids
@@ -63,7 +66,8 @@ class MultiprocExecutor:
         atexit.register(self.shutdown)  # before multiprocessing's own: a stop is no death
         self._watchdog = threading.Thread(target=self._watch, daemon=True, name="tp-watchdog")
         self._watchdog.start()
-        logger.info("tensor parallel: %d ranks (mp, gloo on 127.0.0.1:%d)", world, dist.port)
+        logger.info("tensor parallel: %d ranks in %d pipeline stage(s) (mp, gloo on "
+                    "127.0.0.1:%d)", world, config.pipeline_parallel_size, dist.port)
 
     def _wait_ready(self) -> None:
         waiting = dict(self.conns)
@@ -95,6 +99,7 @@ class MultiprocExecutor:
             self.dead = f"tensor-parallel rank {rank} died (exit code " \
                         f"{self.procs[rank].exitcode})"
             logger.error("%s; the engine stops", self.dead)
+            parallel_state.abort_collectives()  # a rank waiting on it in shared memory raises
 
     def check_health(self) -> None:
         if self.dead is not None:

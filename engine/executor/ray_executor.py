@@ -38,7 +38,15 @@ class RankActor:
         from engine.distributed.parallel_state import free_port
 
         ip = ray.util.get_node_ip_address()
+        # a node named by its IPv4-mapped address (::ffff:127.0.0.1, how a local
+        # two-node cluster stays on the loopback) meets on the IPv4 one
+        ip = ip.removeprefix("::ffff:")
         return ip, free_port(ip)
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def load(self, dist) -> None:
         from engine.distributed import parallel_state
@@ -66,7 +74,7 @@ class RayExecutor:
 
         from engine.distributed.parallel_state import DistInit
 
-        world = config.tensor_parallel_size
+        world = config.world_size
         self.blocks, self.dead = blocks, None
         self.eos_token_ids = config.model.eos_token_ids
         ray.init(address=envs.ray_address(), ignore_reinit_error=True, log_to_driver=False)
@@ -80,11 +88,13 @@ class RayExecutor:
         self.actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             self.pg, placement_group_bundle_index=rank)).remote(rank, config)
             for rank in range(world)]
+        nodes = self._get([a.node_id.remote() for a in self.actors])
         host, port = self._get([self.actors[0].address.remote()])[0]
-        dist = DistInit(host, port, world)
+        dist = DistInit(host, port, world, config.pipeline_parallel_size)
         self._get([a.load.remote(dist) for a in self.actors])
         self._get([a.join.remote(dist) for a in self.actors])
-        logger.info("tensor parallel: %d ranks on Ray (gloo on %s:%d)", world, host, port)
+        logger.info("tensor parallel: %d ranks on Ray (gloo on %s:%d), on nodes %s", world, host,
+                    port, " ".join(n[:12] for n in nodes))
 
     def _get(self, refs: list):
         import ray

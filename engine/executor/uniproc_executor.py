@@ -8,6 +8,7 @@ import logging
 from engine import envs
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
+from engine.distributed.parallel_state import replica_bindings
 from engine.engine_args import EngineConfig
 from engine.model_executor.layers import quantization
 from engine.model_executor.layers.linear import log_cpu_linear_choice
@@ -27,7 +28,8 @@ class UniProcExecutor:
         if current_platform().device_type == "cpu":
             cpu_preload.warn_if_not_preloaded()
             if config.bind_threads:
-                cpu_binding.apply(cpu_binding.plan())
+                cpu_binding.apply(replica_bindings(1, config.data_parallel_size,
+                                                   config.data_parallel_rank)[0])
         self.runner = build_runner(config, blocks)
         self.model, self.linear_mode = self.runner.model, self.runner.linear_mode
 

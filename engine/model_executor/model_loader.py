@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model_executor.layers.parallel import checkpoint_slice
+from engine.model_executor.layers.parallel import checkpoint_slice, stage_holds
 from engine.model_executor.shard_reader import SAFETENSORS_DTYPES as _DTYPES
 from engine.model_executor.shard_reader import read_slice_into
 
@@ -99,6 +99,8 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                 header = _header(f, file.name, file.stat().st_size)
                 for key, info in header.items():
                     if key in skip or key.endswith(_IGNORED_SUFFIXES):
+                        continue
+                    if not stage_holds(model.config, key):  # another pipeline stage's
                         continue
                     if key not in mapping and key.endswith(_QUANT_SUFFIXES):
                         raise ValueError(f"{file.name}: {key} is a quantized layer's tensor, but "

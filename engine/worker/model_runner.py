@@ -9,6 +9,8 @@ import torch
 
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
+from engine.distributed.communication_op import recv_tensors, send_tensors
+from engine.distributed.parallel_state import pp_rank, pp_size, tp_rank, tp_size
 from engine.forward_context import ForwardContext, set_context
 from engine.model_executor.layers.sampler import sample
 from engine.model_executor.models.llama import LlamaForCausalLM
@@ -18,7 +20,7 @@ from engine.platforms import cpu_hugepages
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, blocks: BlockManager, dtype: torch.dtype,
                  device: torch.device):
-        self.model, self.blocks, self.device = model, blocks, device
+        self.model, self.blocks, self.device, self.dtype = model, blocks, device, dtype
         c = model.config
         # this rank's KV heads (all of them with one rank)
         kv_heads = model.attention_layers()[0].num_kv_heads if c.num_layers else c.num_kv_heads
@@ -49,9 +51,33 @@ class ModelRunner:
                                    block_tables=x.block_tables, seq_lens=x.seq_lens,
                                    query_start_loc=x.query_start_loc))
         try:
-            return self.model(x.ids, x.positions, x.last)
+            if pp_size() == 1:
+                return self.model(x.ids, x.positions, x.last)
+            return self._stage(x)
         finally:
             set_context(None)
+
+    def _stage(self, x: StepInputs) -> torch.Tensor | None:
+        """This pipeline stage's layers over the batch: hidden states and
+        residual in from the stage before (gloo send/recv; the first stage
+        embeds), out to the next; the last stage's logits go to global rank 0,
+        the driver, which samples them (and returns them here)."""
+        tp, stage, last_stage = tp_size(), pp_rank(), pp_size() - 1
+        me = stage * tp + tp_rank()
+        c = self.model.config
+        hidden = [((len(x.ids), c.hidden_size), self.dtype)] * 2
+        inter = tuple(recv_tensors(hidden, me - tp)) if stage > 0 else None
+        out = self.model(x.ids, x.positions, x.last, inter)
+        if stage < last_stage:
+            send_tensors(list(out), me + tp)
+            if me != 0:
+                return None
+            logits = [((len(x.last), c.vocab_size), self.dtype)]
+            return recv_tensors(logits, last_stage * tp)[0] if len(x.last) else \
+                torch.empty(0, c.vocab_size, dtype=self.dtype)
+        if tp_rank() == 0 and len(x.last):  # every tp rank of the stage holds them gathered
+            send_tensors([out.to(self.dtype)], 0)
+        return out
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine.config import ModelConfig
 from engine.distributed.communication_op import (tensor_model_parallel_all_gather,
                                                  tensor_model_parallel_all_reduce)
-from engine.distributed.parallel_state import tp_rank, tp_size
+from engine.distributed.parallel_state import pp_layer_range, pp_rank, pp_size, tp_rank, tp_size
 from engine.model_executor.layers.fused_moe import MoeShape
 
 
@@ -92,6 +92,39 @@ reduce = tensor_model_parallel_all_reduce
 # a routed expert's (Mixtral's w1/w3/w2, Qwen's gate/up/down_proj) or the shared one's
 _EXPERT = re.compile(r"\.(?:experts\.\d+|(?P<shared>shared_expert))\."
                      r"(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def pp_first() -> bool:
+    return pp_rank() == 0
+
+
+def pp_last() -> bool:
+    return pp_rank() == pp_size() - 1
+
+
+def check_stages(c: ModelConfig, pp: int) -> None:
+    """ValueError (one line) when the model cannot be split into pp stages."""
+    if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
+        raise ValueError(f"pipeline_parallel_size must be a whole number >= 1, got {pp!r}")
+    if pp > c.num_layers:
+        raise ValueError(f"pipeline_parallel_size {pp} is more than the model's {c.num_layers} "
+                         "layers; use at most one stage per layer")
+
+
+def stage_holds(c: ModelConfig, key: str) -> bool:
+    """Whether this pipeline stage reads checkpoint tensor `key` (Llama
+    names): its layers, the embedding on the first stage, norm and LM head
+    on the last (and the embedding there too when the LM head is tied to it)."""
+    if pp_size() == 1:
+        return True
+    if key.startswith("model.layers."):
+        start, end = pp_layer_range(c.num_layers)
+        return start <= int(key.split(".")[2]) < end
+    if key == "model.embed_tokens.weight":
+        return pp_first() or (pp_last() and c.tie_word_embeddings)
+    if key in ("model.norm.weight", "lm_head.weight"):
+        return pp_last()
+    return True
 
 
 def checkpoint_slice(c: ModelConfig, key: str) -> tuple[int, int, int] | None:

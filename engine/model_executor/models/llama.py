@@ -106,36 +106,51 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = c
         vocab = parallel.vocab_range(c.vocab_size)[2]  # this rank's rows (all with one rank)
-        self.embed_tokens = param(vocab, c.hidden_size, dtype=dtype)
+        # pipeline parallel: this stage's layers; the embedding on the first, norm
+        # and LM head on the last (which needs the embedding too when they are tied)
+        first, last = parallel.pp_first(), parallel.pp_last()
+        self.start_layer, end = parallel.pp_layer_range(c.num_layers)
+        embeds = first or (last and c.tie_word_embeddings)
+        self.embed_tokens = param(vocab, c.hidden_size, dtype=dtype) if embeds else None
         rotary = RotaryEmbedding(c.head_dim, c.max_position, c.rope_for(), dtype, c.max_model_len)
         local = parallel.local_config(c)  # this rank's heads and MLP slice
         self.layers = nn.ModuleList(self.layer_class(local, rotary, dtype, i)
-                                    for i in range(c.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.lm_head = Linear(c.hidden_size, vocab, False, dtype)
-        if c.tie_word_embeddings:
+                                    for i in range(self.start_layer, end))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype) if last else None
+        self.lm_head = Linear(c.hidden_size, vocab, False, dtype) if last else None
+        if c.tie_word_embeddings and last:
             self.lm_head.weight = self.embed_tokens
         self.embedding_multiplier = c.hf.get("embedding_multiplier", 1.0)  # Granite
         self.logits_scaling = c.hf.get("logits_scaling", 1.0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                last_token_index: torch.Tensor) -> torch.Tensor:
-        """Logits of the tokens at last_token_index (one per sequence)."""
-        x = parallel.embed(input_ids, self.embed_tokens)
-        if self.embedding_multiplier != 1.0:
-            x = x * self.embedding_multiplier
-        residual = None
+                last_token_index: torch.Tensor, intermediate=None):
+        """Logits of the tokens at last_token_index (one per sequence); a
+        pipeline stage before the last returns its (hidden, residual) instead,
+        and a stage after the first starts from the `intermediate` it got."""
+        if intermediate is None:
+            x = parallel.embed(input_ids, self.embed_tokens)
+            if self.embedding_multiplier != 1.0:
+                x = x * self.embedding_multiplier
+            residual = None
+        else:
+            x, residual = intermediate
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
+        if self.norm is None:
+            return x, residual
         x, _ = self.norm(x, residual)
         logits = parallel.gather_logits(self.lm_head(x[last_token_index]), self.config.vocab_size)
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def checkpoint_map(self) -> dict:
-        top = {"model.embed_tokens.weight": "embed_tokens", "model.norm.weight": "norm.weight"}
-        if not self.config.tie_word_embeddings:
-            top["lm_head.weight"] = "lm_head.weight"
-        return checkpoint_map(top, "model.layers.", len(self.layers), _layer_names(self.config))
+        top = {"model.embed_tokens.weight": "embed_tokens"} if self.embed_tokens is not None else {}
+        if self.norm is not None:
+            top["model.norm.weight"] = "norm.weight"
+            if not self.config.tie_word_embeddings:
+                top["lm_head.weight"] = "lm_head.weight"
+        return checkpoint_map(top, "model.layers.", len(self.layers), _layer_names(self.config),
+                              self.start_layer)
 
     def skipped_checkpoint_keys(self) -> tuple[str, ...]:
         return ("lm_head.weight",) if self.config.tie_word_embeddings else ()

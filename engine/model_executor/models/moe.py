@@ -72,7 +72,7 @@ class MoeForCausalLM(LlamaForCausalLM):
         for i, layer in enumerate(self.layers):
             if not hasattr(layer, "moe"):
                 continue
-            p, ours = f"model.layers.{i}.", f"layers.{i}.moe."
+            p, ours = f"model.layers.{self.start_layer + i}.", f"layers.{i}.moe."  # a pp stage's
             for name in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
                 del out[p + name]
             out[f"{p}{block}.gate.weight"] = (ours + "gate.weight", None)

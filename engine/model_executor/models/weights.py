@@ -14,14 +14,14 @@ def param(*shape, dtype) -> nn.Parameter:
 
 
 def checkpoint_map(top: dict[str, str], layer_prefix: str, num_layers: int,
-                   layer: dict[str, tuple[str, int | None]]) -> dict:
+                   layer: dict[str, tuple[str, int | None]], first: int = 0) -> dict:
     """checkpoint tensor -> (our parameter, part): `top` names whole parameters;
-    `layer` maps each layer's checkpoint suffixes under `layer_prefix`{i}. to
-    ours under layers.{i}."""
+    `layer` maps each layer's checkpoint suffixes under `layer_prefix`{first + i}.
+    to ours under layers.{i} (a pipeline stage holds layers from `first` on)."""
     out = {key: (name, None) for key, name in top.items()}
     for i in range(num_layers):
         for suffix, (name, part) in layer.items():
-            out[f"{layer_prefix}{i}.{suffix}"] = (f"layers.{i}.{name}", part)
+            out[f"{layer_prefix}{first + i}.{suffix}"] = (f"layers.{i}.{name}", part)
     return out
 
 

@@ -1,0 +1,242 @@
+"""Data parallel (-dp N, data_parallel_size): N whole engine replicas, each a
+process of its own (engine.worker.dp_worker) with its scheduler, KV cache and
+tensor-parallel ranks, behind one front that tokenizes, checks and balances.
+
+DPEngineCore is what EngineCore is to LLM and AsyncLLM (make_sequence, add,
+abort, step, has_unfinished, check_health, output_text), so the offline
+`LLM` and `engine serve` drive N replicas as they drive one. A request goes
+to the replica with the fewest requests in flight (upstream's load-balanced
+DP client; ties to the lowest rank) and stays there. The replicas step on
+their own; step() here returns once any of them has sent a step's tokens.
+
+A replica that dies is named in one line (RankDiedError), as a
+tensor-parallel rank is."""
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import os
+from collections import deque
+from multiprocessing.connection import wait
+
+from engine.core.engine_core import EngineCore, _tokenizer
+from engine.core.sequence import Sequence
+from engine.distributed.parallel_state import RankDiedError, replica_bindings
+from engine.engine_args import create_engine_config
+from engine.executor.multiproc_executor import _main_not_rerun
+from engine.worker import dp_worker
+
+logger = logging.getLogger("engine")
+
+
+def engine_core(model: str | os.PathLike, dtype: str = "auto", **engine_args):
+    """An EngineCore, or the front of data_parallel_size replicas of one."""
+    if engine_args.get("data_parallel_size", 1) == 1:
+        return EngineCore(model, dtype, **engine_args)
+    return DPEngineCore(model, dtype, **engine_args)
+
+
+def least_loaded(in_flight: list[int]) -> int:
+    """The replica with the fewest requests in flight (the first of equals)."""
+    return min(range(len(in_flight)), key=in_flight.__getitem__)
+
+
+class DPEngineCore:
+    # the same request checks and output text as one engine's
+    make_sequence = EngineCore.make_sequence
+    output_text = EngineCore.output_text
+
+    def __init__(self, model: str | os.PathLike, dtype: str = "auto", **engine_args):
+        self.engine_config = c = create_engine_config(model, dtype, **engine_args)
+        self.path, self.config, self.dtype = c.path, c.model, c.dtype
+        self.max_model_len = c.max_model_len
+        self.tokenizer = _tokenizer(c.path)
+        dp = c.data_parallel_size
+        if c.bind_threads:  # every replica's ranks checked before any process starts
+            for rank in range(dp):
+                replica_bindings(c.world_size, dp, rank)
+        self.requests: dict[str, Sequence] = {}
+        self.last_scheduled: list[Sequence] = []
+        self.owner: dict[str, int] = {}
+        self.in_flight = [0] * dp
+        self.assigned = [0] * dp  # requests each replica was given, ever
+        self.loads = [dp_worker.ReplicaLoad(0, 0, c.num_blocks, 0, 0)] * dp
+        self.scheduler, self.blocks = _SchedulerView(self), _BlocksView(self, c)
+        self._pending: deque = deque()  # messages read, not yet applied
+        self.procs, self.conns, self.dead, self._closing = [], [], None, False
+        ctx = mp.get_context("spawn")
+        try:
+            for rank in range(dp):
+                parent, child = ctx.Pipe()
+                # not a daemon: a replica with -tp > 1 starts processes of its own
+                proc = ctx.Process(target=dp_worker.replica_main, name=f"dp-rank-{rank}",
+                                   args=(rank, str(c.path), dtype, engine_args, child))
+                with _main_not_rerun():
+                    proc.start()
+                child.close()
+                self.procs.append(proc)
+                self.conns.append(parent)
+            self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        atexit.register(self.shutdown)  # before multiprocessing's join of its children
+        logger.info("data parallel: %d engine replicas (mp)", dp)
+
+    def _wait_ready(self) -> None:
+        for rank, (proc, conn) in enumerate(zip(self.procs, self.conns)):
+            try:
+                kind, value = conn.recv()
+            except EOFError:
+                proc.join(5)
+                raise RankDiedError(f"data-parallel rank {rank} died while loading the model "
+                                    f"(exit code {proc.exitcode})") from None
+            if kind == "error":
+                raise ValueError(f"data-parallel rank {rank}: {value}")
+
+    # ---- requests ------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self.requests:
+            raise ValueError(f"request id {seq.request_id!r} is already running")
+        rank = least_loaded(self.in_flight)
+        self.requests[seq.request_id] = seq
+        self.owner[seq.request_id] = rank
+        self.in_flight[rank] += 1
+        self.assigned[rank] += 1
+        self._send(rank, ("add", seq))
+
+    def abort(self, request_id: str) -> bool:
+        if request_id not in self.requests:
+            return False
+        self._done(request_id)
+        self._send(self.owner.pop(request_id), ("abort", request_id))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def check_health(self) -> None:
+        if self.dead is None and not self._closing:
+            for rank, proc in enumerate(self.procs):
+                if not proc.is_alive():
+                    self.dead = f"data-parallel rank {rank} died (exit code {proc.exitcode})"
+        if self.dead is not None:
+            raise RankDiedError(self.dead)
+
+    def step(self) -> list[Sequence]:
+        """The requests that got a token in the replicas' steps since the last
+        call (waits for one step of any replica); finished ones are gone."""
+        self.last_scheduled = []
+        if not self._pending:
+            self._read()
+        stepped: list[Sequence] = []
+        while self._pending:
+            rank, msg = self._pending.popleft()
+            if msg[0] == "step":
+                self.loads[rank] = msg[2]
+                stepped += self._apply(msg[1])
+            elif msg[0] == "failed":
+                if stepped:  # hand these over first; the failure comes with the next call
+                    self._pending.appendleft((rank, msg))
+                    return stepped
+                self.last_scheduled = [self.requests[i] for i in msg[1] if i in self.requests]
+                for seq in self.last_scheduled:
+                    self._done(seq.request_id)
+                    self.owner.pop(seq.request_id, None)
+                raise RuntimeError(f"data-parallel rank {rank}: {msg[2]}")
+            else:  # "dead": a part of the replica died
+                self.dead = f"data-parallel rank {rank}: {msg[1]}"
+                raise RankDiedError(self.dead)
+        return stepped
+
+    def _read(self) -> None:
+        """Wait for the replicas' next messages (or for one to die)."""
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
+        while not self._pending:
+            ready = wait(self.conns + list(sentinels), timeout=dp_worker.HEALTH_POLL_S)
+            for rank, conn in enumerate(self.conns):
+                while conn.poll(0):
+                    try:
+                        self._pending.append((rank, conn.recv()))
+                    except EOFError:
+                        break
+            gone = [sentinels[r] for r in ready if r in sentinels]
+            if not self._pending and gone:
+                proc = self.procs[gone[0]]
+                proc.join(2)  # its exit code
+                self.dead = f"data-parallel rank {gone[0]} died (exit code {proc.exitcode})"
+                raise RankDiedError(self.dead)
+
+    def _apply(self, updates: list) -> list[Sequence]:
+        out = []
+        for u in updates:
+            seq = self.requests.get(u.request_id)
+            if seq is None:  # aborted while the replica stepped it
+                continue
+            seq.token_ids.append(u.token)
+            if u.logprob is not None:
+                seq.logprobs.append(u.logprob)
+            if u.finish_reason is not None:
+                seq.finish_reason, seq.stop_string = u.finish_reason, u.stop_string
+                seq.text = u.text or ""
+                self._done(u.request_id)
+                self.owner.pop(u.request_id, None)
+            out.append(seq)
+        return out
+
+    def _done(self, request_id: str) -> None:
+        del self.requests[request_id]
+        self.in_flight[self.owner[request_id]] -= 1
+
+    def _send(self, rank: int, msg) -> None:
+        try:
+            self.conns[rank].send(msg)
+        except OSError:
+            self.check_health()
+            raise RankDiedError(f"data-parallel rank {rank} went away") from None
+
+    def shutdown(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+class _SchedulerView:
+    """The replicas' schedulers summed, as the server's metrics read one."""
+
+    def __init__(self, core: DPEngineCore):
+        self._core = core
+
+    @property
+    def running(self) -> range:
+        return range(sum(load.running for load in self._core.loads))
+
+    @property
+    def waiting(self) -> range:
+        return range(sum(load.waiting for load in self._core.loads))
+
+
+class _BlocksView:
+    """The replicas' KV caches summed (blocks of block_size tokens each)."""
+
+    def __init__(self, core: DPEngineCore, c):
+        self._core = core
+        self.block_size = c.block_size
+        self.num_blocks = c.num_blocks * c.data_parallel_size
+
+    def __getattr__(self, name: str) -> int:
+        if name in ("num_free", "prefix_queries", "prefix_hits"):
+            return sum(getattr(load, name) for load in self._core.loads)
+        raise AttributeError(name)

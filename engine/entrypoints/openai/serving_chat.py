@@ -7,7 +7,7 @@ from fastapi import Request
 from engine.entrypoints import chat_utils
 from engine.entrypoints.openai.logprobs import chat_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
-from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState,
+from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       StreamedText, check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
@@ -42,9 +42,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     ids = state.llm.core.tokenizer.encode(text, add_special_tokens=False).ids
     seqs = make_sequences(state, body, ids, 0, body.max_new_tokens(),
                           lambda n: state.max_model_len - n)
+    admit(state, seqs, "n")
     if body.stream:
-        return sse(_stream(state, seqs, name, body))
-    return await unless_disconnected(request, _full(state, seqs, name))
+        return sse(_stream(state, seqs, name, body), state, seqs)
+    return await unless_disconnected(request, _full(state, seqs, name), state, seqs)
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict]:

@@ -5,7 +5,7 @@ from fastapi import Request
 
 from engine.entrypoints.openai.logprobs import completion_logprobs
 from engine.entrypoints.openai.protocol import CompletionRequest
-from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState,
+from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       StreamedText, check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
@@ -28,9 +28,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     # echo: the prompt as given, or its ids decoded
     echoed = [(p if isinstance(p, str) else tok.decode(p)) if body.echo else ""
               for p in prompts for _ in range(body.n)]
+    admit(state, seqs, "prompt" if len(prompts) > 1 else "n")
     if body.stream:
-        return sse(_stream(state, seqs, name, body, echoed))
-    return await unless_disconnected(request, _full(state, seqs, name, echoed))
+        return sse(_stream(state, seqs, name, body, echoed), state, seqs)
+    return await unless_disconnected(request, _full(state, seqs, name, echoed), state, seqs)
 
 
 def _logprobs(state, ids, entries, offset):

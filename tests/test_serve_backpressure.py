@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import pytest
+from helpers import app_in_process
 
 httpx = pytest.importorskip("httpx2", reason="httpx2 comes with openai (requirements/dev.txt)")
 
@@ -19,24 +20,8 @@ def tiny(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
 
 
-def _app(tiny, max_waiting):
-    from engine.core.async_llm import AsyncLLM
-    from engine.core.engine_core import EngineCore
-    from engine.entrypoints.openai.api_server import ServerState, build_app
-    from engine.entrypoints.openai.metrics import Metrics
-
-    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=32, max_model_len=256,
-                      bind_threads=False)
-    metrics = Metrics("tiny")
-    llm = AsyncLLM(core, metrics, max_waiting=max_waiting)
-    state = ServerState(llm=llm, model_names=["tiny"], model_dir=tiny, metrics=metrics,
-                        api_key=None, chat_template=None, special_tokens={},
-                        max_model_len=256, created=int(time.time()))
-    return build_app(state), llm
-
-
 def test_a_full_waiting_queue_answers_503_with_retry_after(tiny):
-    app, llm = _app(tiny, max_waiting=3)
+    app, llm = app_in_process(tiny, max_waiting=3)
     body = {"prompt": "one two three", "max_tokens": 3, "temperature": 0}
 
     async def main():
@@ -84,7 +69,7 @@ def test_a_stream_never_read_is_released(tiny):
     from engine.entrypoints.openai.serving_engine import sse
     from engine.sampling_params import SamplingParams
 
-    app, llm = _app(tiny, max_waiting=8)
+    app, llm = app_in_process(tiny, max_waiting=8)
     state = app.state.s
     seqs = [llm.make_sequence("one two", SamplingParams(max_tokens=4))]
 

@@ -66,8 +66,10 @@ class BlockManager:
 
     def computed_blocks(self, seq: Sequence) -> list[int]:
         """The longest chain of cached blocks that starts the sequence, leaving
-        at least its last token to compute (its logits are needed)."""
-        if not self.enable_prefix_caching:
+        at least its last token to compute (its logits are needed). None for
+        a sequence that asks for its prompt's logprobs (as upstream): their
+        logits are computed, not cached."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         found = []
         for h in self._hashes(seq, (len(seq) - 1) // self.block_size):

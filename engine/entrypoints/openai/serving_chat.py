@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from engine.entrypoints import chat_utils
-from engine.entrypoints.openai.logprobs import chat_logprobs
+from engine.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       StreamedText, check_request,
@@ -78,7 +78,10 @@ async def _full(state: ServerState, seqs, name: str):
                                       s.logprobs if s.params.logprobs is not None else None),
                 "finish_reason": s.finish_reason, "stop_reason": s.stop_string}
                for i, s in enumerate(seqs)]
-    return full_answer("chatcmpl", "chat.completion", name, choices, seqs)
+    out = full_answer("chatcmpl", "chat.completion", name, choices, seqs)
+    if seqs[0].params.prompt_logprobs is not None:  # vLLM's field, of the rendered prompt
+        out["prompt_logprobs"] = vllm_prompt_logprobs(state.llm.core.tokenizer, seqs[0])
+    return out
 
 
 async def _stream(state: ServerState, seqs, name: str, body):

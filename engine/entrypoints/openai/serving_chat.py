@@ -20,6 +20,15 @@ RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest,
                                  request: Request):
+    name, seqs = chat_sequences(state, body)
+    admit(state, seqs, "n")
+    if body.stream:
+        return sse(_stream(state, seqs, name, body), state, seqs)
+    return await unless_disconnected(request, _full(state, seqs, name), state, seqs)
+
+
+def chat_sequences(state: ServerState, body: ChatCompletionRequest):
+    """(the served model's name, the checked sequences of the rendered chat)."""
     name = check_request(state, body)
     if state.chat_template is None:
         raise APIError(400, "this model has no chat template (none in its "
@@ -40,12 +49,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     # as transformers' apply_chat_template(tokenize=True): the template
     # already wrote the special tokens it wants
     ids = state.llm.core.tokenizer.encode(text, add_special_tokens=False).ids
-    seqs = make_sequences(state, body, ids, 0, body.max_new_tokens(),
-                          lambda n: state.max_model_len - n)
-    admit(state, seqs, "n")
-    if body.stream:
-        return sse(_stream(state, seqs, name, body), state, seqs)
-    return await unless_disconnected(request, _full(state, seqs, name), state, seqs)
+    return name, make_sequences(state, body, ids, 0, body.max_new_tokens(),
+                                lambda n: state.max_model_len - n)
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict]:

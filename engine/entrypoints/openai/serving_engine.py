@@ -277,14 +277,21 @@ class _ReleasingStream(StreamingResponse):
             self.on_close()
 
 
-def sse(chunks: AsyncIterator[dict], state: ServerState, seqs) -> StreamingResponse:
+def sse(chunks: AsyncIterator[dict], state: ServerState, seqs,
+        events: bool = False) -> StreamingResponse:
+    """Server-sent events ending with `data: [DONE]`; events: each named by
+    its chunk's type and no [DONE] (the Responses API's stream)."""
     async def body():
         try:
             async for chunk in chunks:
-                yield b"data: %s\n\n" % json.dumps(chunk, separators=(",", ":")).encode()
+                name = b"event: %s\n" % chunk["type"].encode() if events else b""
+                yield name + b"data: %s\n\n" % json.dumps(chunk, separators=(",", ":")).encode()
         except (EngineDeadError, RequestFailedError) as exc:
-            yield f"data: {json.dumps(error_body(500, str(exc)))}\n\n"
-        yield "data: [DONE]\n\n"
+            error = ({"type": "error", "code": "500", "message": str(exc), "param": None}
+                     if events else error_body(500, str(exc)))
+            yield ("event: error\n" if events else "") + f"data: {json.dumps(error)}\n\n"
+        if not events:
+            yield "data: [DONE]\n\n"
 
     return _ReleasingStream(body(), lambda: release(state, seqs),
                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

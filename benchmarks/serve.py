@@ -3,6 +3,9 @@ LLM.generate on the same model and prompts (and, with --peer vllm, against
 `vllm serve`), all measured in this run.
 
     python benchmarks/serve.py [--model-size small|large|tiny] [--peer vllm] [--check]
+    python benchmarks/serve.py --workload shared-prefix|long-prompt [--peer vllm]
+
+(the second: long prompts and a shared system prompt, benchmarks/serve_workloads.py)
 
 For 1, 16 and 64 concurrent streaming clients: output tokens/s, the ratio to
 offline (target >= 0.9x) and to vLLM (target >= 1.0x at 1 and 16 clients),
@@ -36,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import serve_workloads
 from benchmarks.common import Worker, add_record_argument, record
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 from benchmarks.peer import peer_env, require_peer
@@ -221,10 +225,13 @@ def main() -> int:
                    help="rounds per concurrency and side; the fastest counts (default 3)")
     p.add_argument("--offline-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
+    serve_workloads.add_arguments(p)
     a = p.parse_args()
     if a.offline_child:
         offline_child(a.model, a.prompt_words)
         return 0
+    if a.workload != "throughput":
+        return serve_workloads.main(a, REPO, sys.modules[__name__])  # its Served, _one
     env = peer_env(a.threads)
     peer_python = require_peer() if a.peer else None
     servers: list[Served] = []

@@ -127,10 +127,23 @@ def _serve_parser(sub) -> None:
                    "upstream's default); auto (default): every step while that costs under "
                    f"{stream_pacer.BUDGET * 100:.0f}%% of the engine's time, else up to "
                    f"{stream_pacer.MAX_STEPS} steps merged into one event")
+    s.add_argument("--max-waiting-queue-length", type=_positive, default=1024, metavar="N",
+                   help="sequences (n x prompts per request) that may wait to run; a request "
+                   "past it is answered 503 with Retry-After (default 1024)")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, instead of the model's")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def _client_parser(sub, name: str, help: str) -> None:

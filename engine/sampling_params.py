@@ -37,6 +37,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None  # top alternatives per token besides the sampled one
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -86,6 +87,8 @@ class SamplingParams:
               "stop must be non-empty strings")
         check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
               f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+              f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         for t, b in (self.logit_bias or {}).items():
             check(isinstance(t, int) and t >= 0 and math.isfinite(b),
                   f"logit_bias maps token ids to finite numbers, got {t!r}: {b!r}")

@@ -280,3 +280,27 @@ def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, h
     model.save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))
     return folder
+
+
+def app_in_process(model: Path, max_waiting: int | None = None, **engine_args):
+    """(the server's FastAPI app, its AsyncLLM) over an engine in this
+    process, float32; run llm.run() in the loop that serves the app
+    (httpx's ASGITransport) for requests to be answered."""
+    import time
+
+    from engine.core.async_llm import AsyncLLM
+    from engine.core.engine_core import EngineCore
+    from engine.entrypoints import chat_utils
+    from engine.entrypoints.openai.api_server import ServerState, build_app
+    from engine.entrypoints.openai.metrics import Metrics
+
+    engine_args = {"block_size": 32, "num_kv_blocks": 32, "max_model_len": 256,
+                   "bind_threads": False, **engine_args}
+    core = EngineCore(model, "float32", **engine_args)
+    metrics = Metrics("tiny")
+    llm = AsyncLLM(core, metrics, max_waiting=max_waiting)
+    state = ServerState(llm=llm, model_names=["tiny"], model_dir=Path(model), metrics=metrics,
+                        api_key=None, chat_template=chat_utils.load_template(core.path, None),
+                        special_tokens=chat_utils.special_tokens(core.path),
+                        max_model_len=core.max_model_len, created=int(time.time()))
+    return build_app(state), llm

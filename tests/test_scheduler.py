@@ -89,17 +89,53 @@ def test_a_cached_prefix_is_skipped():
 def test_preemption_frees_the_newest_and_recomputes_it():
     sched = Scheduler(BlockManager(4, BS), max_num_seqs=8, max_num_batched_tokens=64,
                       enable_chunked_prefill=True)
-    a, b = seq(32), seq(32, 100)
+    a, b = seq(20), seq(20, 100)
     sched.add(a)
     sched.add(b)
-    assert step(sched) == [(a, 32, True), (b, 32, True)]  # the four blocks
-    # both now need a third block for their 33rd token: b, the newest, is preempted
+    assert step(sched) == [(a, 20, True), (b, 20, True)]  # the four blocks; room for a's next
+    for _ in range(12):
+        assert step(sched) == [(a, 1, True), (b, 1, True)]
+    assert len(a) == len(b) == 33
+    # both now need a third block for their 33rd token's K/V: b, the newest, is preempted
     assert step(sched) == [(a, 1, True)]
     assert sched.num_preemptions == 1 and b in sched.waiting and b.block_table == []
     assert b.num_computed_tokens == 0
     a.params.max_tokens = 0
     sched.finish(a, "length")
-    assert step(sched) == [(b, 33, True)]  # recomputed with its sampled token
+    assert step(sched) == [(b, 33, True)]  # recomputed with its sampled tokens
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_admission_leaves_the_running_their_next_block(chunked):
+    """A prompt that would take the block a running sequence needs for its
+    next token waits (it would be preempted at the next step); the running
+    one is never preempted, and the prompt runs once there is room."""
+    sched = Scheduler(BlockManager(4, BS), max_num_seqs=8, max_num_batched_tokens=64,
+                      enable_chunked_prefill=chunked)
+    a, b = seq(31), seq(32, 100)
+    sched.add(a)
+    assert step(sched) == [(a, 31, True)]  # alone: it may take what it needs
+    sched.add(b)  # two blocks free, but a's 33rd token needs one of them
+    for _ in range(5):
+        assert step(sched) == [(a, 1, True)]
+    assert b in sched.waiting and sched.num_preemptions == 0
+    sched.finish(a, "length")
+    assert step(sched) == [(b, 32, True)]
+
+
+def test_admission_keeps_the_watermark():
+    sched = Scheduler(BlockManager(200, BS), max_num_seqs=8, max_num_batched_tokens=4096,
+                      enable_chunked_prefill=True)
+    assert sched.watermark_blocks == 2
+    a, b = seq(10), seq(198 * BS - 10, 1000)  # b would leave 1 block free (a needs none)
+    sched.add(a)
+    step(sched)
+    sched.add(b)
+    assert step(sched) == [(a, 1, True)] and b in sched.waiting
+    c = seq(197 * BS - 10, 1000)  # leaves 2
+    sched.waiting.clear()
+    sched.add(c)
+    assert [s for s, _, _ in step(sched)] == [a, c]
 
 
 def test_the_budget_bounds():

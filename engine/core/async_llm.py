@@ -54,18 +54,27 @@ class RequestFailedError(RuntimeError):
     """A step that ran this request raised: the request ends, the engine goes on."""
 
 
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound (max_waiting): try again later."""
+
+
 class AsyncLLM:
-    def __init__(self, core: EngineCore, stats=None, stream_interval: int | None = 1):
+    def __init__(self, core: EngineCore, stats=None, stream_interval: int | None = 1,
+                 max_waiting: int | None = None):
         """stats: on_step(core) after each step and on_token(stream, now,
         finish_reason) per token (the server's Prometheus metrics); optional.
         stream_interval: hand tokens over every that many steps, None for
-        auto (engine/entrypoints/openai/stream_pacer.py)."""
+        auto (engine/entrypoints/openai/stream_pacer.py). max_waiting: the
+        most sequences that may wait to run (None: no bound); add() past
+        it raises QueueFullError."""
         self.core = core
+        self.max_waiting = max_waiting
         self.stats = stats
         self.pacer = StreamPacer(stream_interval)
         self._adds: list[Sequence] = []
         self._aborts: list[str] = []
         self._streams: dict[str, _Stream] = {}
+        self._unread: dict[str, _Stream] = {}  # added, and generate() not yet reading
         self._stopped = False
         self._idle: asyncio.Future | None = None  # run() waits on it when there is no work
         self.dead: BaseException | None = None
@@ -143,16 +152,35 @@ class AsyncLLM:
         """Tokenize and check a prompt (ValueError when it cannot run)."""
         return self.core.make_sequence(f"req-{next(self._ids)}", prompt, params, index)
 
-    async def generate(self, seq: Sequence) -> AsyncIterator[RequestUpdate]:
-        """Run a sequence made by make_sequence; yields its updates, the last
-        with finish_reason set. Closing the iterator early aborts the request."""
+    def num_waiting(self) -> int:
+        """Sequences waiting to run: added, or back in the queue (preempted)."""
+        added = sum(1 for s in self._adds if s.request_id in self._streams)  # not aborted
+        return added + len(self.core.scheduler.waiting)
+
+    def add(self, seqs: list[Sequence]) -> None:
+        """Queue the sequences of one request, all or none: QueueFullError
+        when they would take the waiting sequences past max_waiting. Read
+        each with generate(); abort() those that will never be read."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine loop stopped: {self.dead}")
-        stream = _Stream(asyncio.Queue(), seq, time.monotonic())
-        finished = False
-        self._streams[seq.request_id] = stream
-        self._adds.append(seq)
+        if self.max_waiting is not None and self.num_waiting() + len(seqs) > self.max_waiting:
+            raise QueueFullError(f"{self.num_waiting()} sequences are waiting to run, the "
+                                 f"server's bound is {self.max_waiting}; retry later")
+        now = time.monotonic()
+        for seq in seqs:
+            stream = _Stream(asyncio.Queue(), seq, now)
+            self._streams[seq.request_id] = self._unread[seq.request_id] = stream
+            self._adds.append(seq)
         self._wake()
+
+    async def generate(self, seq: Sequence) -> AsyncIterator[RequestUpdate]:
+        """Run a sequence made by make_sequence (added now unless add() did);
+        yields its updates, the last with finish_reason set. Closing the
+        iterator early aborts the request."""
+        if seq.request_id not in self._unread:
+            self.add([seq])
+        stream = self._unread.pop(seq.request_id)
+        finished = False
         try:
             while True:
                 update = await stream.queue.get()
@@ -178,6 +206,7 @@ class AsyncLLM:
         return len(self._streams)
 
     def abort(self, request_id: str) -> None:
+        self._unread.pop(request_id, None)
         if self._streams.pop(request_id, None) is not None:
             self._aborts.append(request_id)
             self._wake()

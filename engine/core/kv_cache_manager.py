@@ -66,8 +66,10 @@ class BlockManager:
 
     def computed_blocks(self, seq: Sequence) -> list[int]:
         """The longest chain of cached blocks that starts the sequence, leaving
-        at least its last token to compute (its logits are needed)."""
-        if not self.enable_prefix_caching:
+        at least its last token to compute (its logits are needed). None for
+        a sequence that asks for its prompt's logprobs (as upstream): their
+        logits are computed, not cached."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         found = []
         for h in self._hashes(seq, (len(seq) - 1) // self.block_size):
@@ -101,14 +103,15 @@ class BlockManager:
     # ---- allocation ----------------------------------------------------------
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int,
-                     computed: list[int] = ()) -> bool:
+                     computed: list[int] = (), reserve: int = 0) -> bool:
         """Room for the K/V of num_new_tokens more tokens past its computed
         ones (those include the `computed` blocks the sequence is about to
-        take, which leave the free lists if no one holds them)."""
+        take, which leave the free lists if no one holds them), leaving at
+        least `reserve` blocks free."""
         have = len(seq.block_table) + len(computed)
         need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - have
         taken = sum(1 for b in computed if self.ref[b] == 0)
-        return max(need, 0) + taken <= self.num_free
+        return max(need, 0) + taken + reserve <= self.num_free
 
     def allocate(self, seq: Sequence, num_new_tokens: int, computed: list[int] = ()) -> None:
         """Extend the block table to hold num_new_tokens more tokens; `computed`

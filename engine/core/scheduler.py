@@ -8,15 +8,22 @@ long prompt is prefilled over several steps while the others decode. Without
 it, waiting prompts run whole, alone, before any decode (the old engine).
 
 A waiting sequence starts past the longest prefix of its tokens whose KV
-blocks are cached (prefix caching). When blocks run out, the newest running
-sequences are preempted (their blocks freed) and recomputed later from their
-tokens so far; nothing is dropped."""
+blocks are cached (prefix caching). It is admitted only if it leaves a
+reserve of free blocks: those the running sequences need for their next
+token, plus a watermark of 1% of the cache (upstream V0's), so a new prompt
+does not take the block an older sequence needs next and get preempted at
+the following step; a prompt alone in the engine takes what it needs. When
+blocks still run out, the newest running sequences are preempted (their
+blocks freed) and recomputed later from their tokens so far, as upstream's
+recompute preemption; nothing is dropped."""
 from __future__ import annotations
 
 from collections import deque
 
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
+
+WATERMARK = 0.01  # of the cache's blocks, kept free by admission (upstream V0's default)
 
 
 class Scheduler:
@@ -28,6 +35,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self.watermark_blocks = int(WATERMARK * block_manager.num_blocks)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -121,7 +129,7 @@ class Scheduler:
                 return None
             n = min(n, budget)
         seq.num_computed_tokens = start
-        if not self.blocks.can_allocate(seq, n, computed):
+        if not self.blocks.can_allocate(seq, n, computed, reserve=self._reserve()):
             seq.num_computed_tokens = 0
             return None
         self.blocks.count_lookup(seq, start)
@@ -129,6 +137,16 @@ class Scheduler:
         seq.num_cached_blocks = len(computed)
         seq.num_scheduled_tokens = n
         return n
+
+    def _reserve(self) -> int:
+        """Free blocks an admission must leave: the watermark, and the blocks
+        the running sequences need for their next token; none when nothing
+        runs (a lone prompt may take the whole cache)."""
+        if not self.running:
+            return 0
+        blocks_for = self.blocks.blocks_for
+        return self.watermark_blocks + sum(
+            max(0, blocks_for(len(s) + 1) - len(s.block_table)) for s in self.running)
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.free_blocks(seq)

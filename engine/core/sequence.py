@@ -31,6 +31,9 @@ class Sequence:
         self.stop_string: str | int | None = None  # what stopped it (upstream's stop_reason)
         self.detokenizer = None  # made by check_stop when the request has stop strings
         self.logprobs: list = []  # per output token, when params.logprobs is set (sampler)
+        # per prompt token after the first, when params.prompt_logprobs is set (model runner):
+        # (logprob, rank, [(id, logprob) of the top k])
+        self.prompt_logprobs: list = []
         self._generator: torch.Generator | None = None
 
     def __len__(self) -> int:
@@ -50,6 +53,17 @@ class Sequence:
         """Whether the current step reaches the sequence's last token (and so
         samples the next one); a partial prefill chunk does not."""
         return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
+
+    @property
+    def prompt_logprob_positions(self) -> range:
+        """The positions of this step whose logits give a prompt token's
+        logprob (position p scores token p + 1), each scored once: a
+        recomputed (preempted) sequence does not score its prompt again."""
+        if self.params.prompt_logprobs is None:
+            return range(0)
+        start = max(self.num_computed_tokens, len(self.prompt_logprobs))
+        return range(start, min(self.num_computed_tokens + self.num_scheduled_tokens,
+                                self.num_prompt_tokens - 1))
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -94,8 +94,34 @@ class StepInputs:
 
 
 def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> list[int]:
-    """The tokens of the sequences that sample this step (logits: theirs, in order)."""
-    return sample(logits, [s for s in seqs if s.samples], eos_token_ids)
+    """The tokens of the sequences that sample this step. logits: per
+    sequence in order, the rows of its prompt_logprob_positions (scored
+    here), then its sampling row if it samples."""
+    if not any(s.params.prompt_logprobs is not None for s in seqs):
+        return sample(logits, [s for s in seqs if s.samples], eos_token_ids)
+    row, sampling = 0, []
+    for s in seqs:
+        positions = s.prompt_logprob_positions
+        if positions:
+            record_prompt_logprobs(logits[row:row + len(positions)], s, positions)
+            row += len(positions)
+        if s.samples:
+            sampling.append(row)
+            row += 1
+    return sample(logits[sampling], [s for s in seqs if s.samples], eos_token_ids)
+
+
+def record_prompt_logprobs(logits: torch.Tensor, seq: Sequence, positions: range) -> None:
+    """Append (logprob, rank, top k) of the prompt tokens these rows predict,
+    from the raw logits as the output's logprobs."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    target = torch.tensor(seq.token_ids[positions.start + 1:positions.stop + 1]).unsqueeze(1)
+    chosen = lp.gather(1, target)
+    ranks = ((lp > chosen).sum(dim=1) + 1).tolist()
+    k = seq.params.prompt_logprobs
+    top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    for v, r, tv, ti in zip(chosen.squeeze(1).tolist(), ranks, top_v.tolist(), top_i.tolist()):
+        seq.prompt_logprobs.append((v, r, list(zip(ti, tv))))
 
 
 def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequence],
@@ -115,6 +141,8 @@ def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequen
             positions += range(start, end)
             slots += [blocks.slot(s, p) for p in range(start, end)]
             cu.append(cu[-1] + end - start)
+            # prompt logprobs: the logits of those positions too, before the sampling one
+            last += [cu[-2] + p - start for p in s.prompt_logprob_positions]
             if s.samples:
                 last.append(cu[-1] - 1)
         query_start_loc = _tensor(device, cu, torch.int32)

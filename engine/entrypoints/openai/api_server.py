@@ -16,6 +16,7 @@ from engine.entrypoints.openai.protocol import ChatCompletionRequest, Completion
 from engine.entrypoints.openai.serving_tokens import add_token_routes
 from engine.entrypoints.openai.serving_chat import create_chat_completion
 from engine.entrypoints.openai.serving_completion import create_completion
+from engine.entrypoints.openai.serving_responses import ResponsesRequest, create_response
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, error_response
 
 logger = logging.getLogger("engine")
@@ -30,7 +31,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(_, exc: APIError):
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_, exc: RequestValidationError):
@@ -96,5 +97,9 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(state, body, request)
+
+    @app.post("/v1/responses", dependencies=v1)
+    async def responses(body: ResponsesRequest, request: Request):
+        return await create_response(state, body, request)
 
     return app

@@ -27,7 +27,7 @@ def _is_set(value, default) -> bool:
 
 # name -> the value that means "unset" (anything else is refused by name)
 REFUSED_COMMON = {"use_beam_search": False, "best_of": None, "length_penalty": 1.0,
-                  "prompt_logprobs": None, "allowed_token_ids": None, "bad_words": [],
+                  "allowed_token_ids": None, "bad_words": [],
                   "truncate_prompt_tokens": None, "guided_json": None, "guided_regex": None,
                   "guided_choice": None, "guided_grammar": None, "structured_outputs": None,
                   "skip_special_tokens": True, "logits_processors": None,
@@ -56,6 +56,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = 0.0
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # vLLM's
     response_format: dict | None = None
     user: StrictStr | None = None
 
@@ -78,12 +79,17 @@ class _Sampling(BaseModel):
         """Cross-field rules upstream enforces (ValueError naming the field)."""
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only with stream=true")
+        if self.prompt_logprobs is not None and self.stream:  # as upstream
+            raise ValueError("prompt_logprobs: not available with stream=true")
         if self.n > 1 and self.temperature is not None and self.temperature < SAMPLING_EPS:
             raise ValueError(f"n must be 1 when using greedy sampling (temperature 0), "
                              f"got {self.n}")
 
     def num_logprobs(self) -> int | None:
         return None
+
+    def num_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
 
     def logit_bias_ids(self) -> dict[int, float] | None:
         if not self.logit_bias:
@@ -115,7 +121,8 @@ class _Sampling(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
-            logit_bias=self.logit_bias_ids(), logprobs=self.num_logprobs())
+            logit_bias=self.logit_bias_ids(), logprobs=self.num_logprobs(),
+            prompt_logprobs=self.num_prompt_logprobs())
 
 
 Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
@@ -123,6 +130,7 @@ Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]
 
 class CompletionRequest(_Sampling):
     prompt: Prompt
+    max_tokens: StrictInt | None = Field(default=None, ge=0)  # 0: the prompt alone (echo)
     echo: StrictBool | None = False
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     suffix: StrictStr | None = None
@@ -132,12 +140,18 @@ class CompletionRequest(_Sampling):
 
     def check(self) -> None:
         super().check()
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs needs the prompt's logprobs, which this "
-                             "engine does not compute; drop one of them")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: must be at least 1 (0 only with echo, to score "
+                             "the prompt alone)")
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """echo with logprobs: the prompt's too, as many alternatives (upstream)."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     def prompts(self) -> list:
         p = self.prompt

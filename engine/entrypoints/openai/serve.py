@@ -44,7 +44,8 @@ def serve(args) -> int:
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)
     metrics = Metrics(names[0])
-    llm = AsyncLLM(core, metrics, stream_interval=interval)
+    llm = AsyncLLM(core, metrics, stream_interval=interval,
+                   max_waiting=args.max_waiting_queue_length)
     state = ServerState(llm=llm, model_names=names, model_dir=core.path, metrics=metrics,
                         api_key=args.api_key, chat_template=template,
                         special_tokens=chat_utils.special_tokens(core.path),

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import Request
 
 from engine.entrypoints import chat_utils
-from engine.entrypoints.openai.logprobs import chat_logprobs
+from engine.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
-from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState,
+from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       StreamedText, check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
@@ -20,6 +20,15 @@ RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest,
                                  request: Request):
+    name, seqs = chat_sequences(state, body)
+    admit(state, seqs, "n")
+    if body.stream:
+        return sse(_stream(state, seqs, name, body), state, seqs)
+    return await unless_disconnected(request, _full(state, seqs, name), state, seqs)
+
+
+def chat_sequences(state: ServerState, body: ChatCompletionRequest):
+    """(the served model's name, the checked sequences of the rendered chat)."""
     name = check_request(state, body)
     if state.chat_template is None:
         raise APIError(400, "this model has no chat template (none in its "
@@ -40,11 +49,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     # as transformers' apply_chat_template(tokenize=True): the template
     # already wrote the special tokens it wants
     ids = state.llm.core.tokenizer.encode(text, add_special_tokens=False).ids
-    seqs = make_sequences(state, body, ids, 0, body.max_new_tokens(),
-                          lambda n: state.max_model_len - n)
-    if body.stream:
-        return sse(_stream(state, seqs, name, body))
-    return await unless_disconnected(request, _full(state, seqs, name))
+    return name, make_sequences(state, body, ids, 0, body.max_new_tokens(),
+                                lambda n: state.max_model_len - n)
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict]:
@@ -77,7 +83,10 @@ async def _full(state: ServerState, seqs, name: str):
                                       s.logprobs if s.params.logprobs is not None else None),
                 "finish_reason": s.finish_reason, "stop_reason": s.stop_string}
                for i, s in enumerate(seqs)]
-    return full_answer("chatcmpl", "chat.completion", name, choices, seqs)
+    out = full_answer("chatcmpl", "chat.completion", name, choices, seqs)
+    if seqs[0].params.prompt_logprobs is not None:  # vLLM's field, of the rendered prompt
+        out["prompt_logprobs"] = vllm_prompt_logprobs(state.llm.core.tokenizer, seqs[0])
+    return out
 
 
 async def _stream(state: ServerState, seqs, name: str, body):

@@ -1,11 +1,17 @@
-"""POST /v1/completions: prompts in, completions out, whole or streamed."""
+"""POST /v1/completions: prompts in, completions out, whole or streamed.
+
+echo puts the prompt before the answer; with logprobs the prompt's tokens
+come first in them, the first one's null (nothing before it scores it), as
+upstream's. max_tokens 0 (with echo) scores the prompt alone: the engine
+samples one token, which the answer leaves out."""
 from __future__ import annotations
 
 from fastapi import Request
 
-from engine.entrypoints.openai.logprobs import completion_logprobs
+from engine.entrypoints.openai.logprobs import (completion_logprobs, prompt_entries,
+                                                vllm_prompt_logprobs)
 from engine.entrypoints.openai.protocol import CompletionRequest
-from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState,
+from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       StreamedText, check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
@@ -20,50 +26,76 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     prompts = body.prompts()
     if not prompts:
         raise APIError(400, "prompt: give at least one prompt", "prompt")
+    score_only = body.max_tokens == 0
     seqs = []
     for i, prompt in enumerate(prompts):
-        seqs += make_sequences(state, body, prompt, i, body.max_tokens,
+        seqs += make_sequences(state, body, prompt, i, 1 if score_only else body.max_tokens,
                                lambda n: DEFAULT_MAX_TOKENS)
     tok = state.llm.core.tokenizer
     # echo: the prompt as given, or its ids decoded
     echoed = [(p if isinstance(p, str) else tok.decode(p)) if body.echo else ""
               for p in prompts for _ in range(body.n)]
+    answer = _Answer(state, bool(body.echo), score_only)
+    admit(state, seqs, "prompt" if len(prompts) > 1 else "n")
     if body.stream:
-        return sse(_stream(state, seqs, name, body, echoed))
-    return await unless_disconnected(request, _full(state, seqs, name, echoed))
+        return sse(_stream(state, seqs, name, body, echoed, answer), state, seqs)
+    return await unless_disconnected(request, _full(state, seqs, name, echoed, answer),
+                                     state, seqs)
 
 
-def _logprobs(state, ids, entries, offset):
-    if entries is None:
-        return None
-    return completion_logprobs(state.llm.core.tokenizer, ids, entries, offset)
+class _Answer:
+    """What of a sequence's tokens an answer shows: the prompt's first when
+    echoed, the output's unless the prompt is scored alone."""
+
+    def __init__(self, state: ServerState, echo: bool, score_only: bool):
+        self.tokenizer = state.llm.core.tokenizer
+        self.echo, self.score_only = echo, score_only
+
+    def logprobs(self, seq, new_ids: list[int], new_entries, with_prompt: bool, offset: int):
+        if seq.params.logprobs is None:
+            return None
+        ids, entries = [], []
+        if with_prompt and self.echo:
+            ids, entries = seq.token_ids[:seq.num_prompt_tokens], prompt_entries(seq)
+        if not self.score_only:
+            ids, entries = ids + new_ids, entries + new_entries
+        return completion_logprobs(self.tokenizer, ids, entries, offset)
+
+    def text(self, text: str) -> str:
+        return "" if self.score_only else text
+
+    def prompt_logprobs(self, seq):
+        if seq.params.prompt_logprobs is None:
+            return None
+        return vllm_prompt_logprobs(self.tokenizer, seq)
 
 
-async def _full(state: ServerState, seqs, name: str, echoed: list[str]):
+async def _full(state: ServerState, seqs, name: str, echoed: list[str], answer: _Answer):
     dead = await run_to_end(state, seqs)
     if dead is not None:
         return error_response(500, dead)
-    choices = [{"index": i, "text": echoed[i] + state.llm.core.output_text(s),
-                "logprobs": _logprobs(state, s.output_token_ids,
-                                      s.logprobs if s.params.logprobs is not None else None,
-                                      len(echoed[i])),
-                "finish_reason": s.finish_reason, "stop_reason": s.stop_string}
+    choices = [{"index": i, "text": echoed[i] + answer.text(state.llm.core.output_text(s)),
+                "logprobs": answer.logprobs(s, s.output_token_ids, s.logprobs, True, 0),
+                "finish_reason": s.finish_reason, "stop_reason": s.stop_string,
+                "prompt_logprobs": answer.prompt_logprobs(s)}
                for i, s in enumerate(seqs)]
     return full_answer("cmpl", "text_completion", name, choices, seqs)
 
 
-async def _stream(state: ServerState, seqs, name: str, body, echoed: list[str]):
+async def _stream(state: ServerState, seqs, name: str, body, echoed: list[str],
+                  answer: _Answer):
     chunk = Chunks("cmpl", "text_completion", name)
     live_usage = usage_per_chunk(body, seqs)
     texts = [StreamedText(state.llm.core.tokenizer, s) for s in seqs]
-    offsets = [len(e) for e in echoed]
-    for i, prefix in enumerate(echoed):
-        if prefix:
-            yield chunk([{"index": i, "text": prefix, "logprobs": None, "finish_reason": None}],
-                        live_usage())
+    offsets = [0] * len(seqs)
+    started = [False] * len(seqs)  # the echo goes with a choice's first tokens, as upstream
     async for i, update in run(state, seqs):
-        delta = texts[i].add(update)
-        lp = _logprobs(state, update.new_token_ids, update.logprobs, offsets[i])
+        delta = answer.text(texts[i].add(update))
+        first, started[i] = not started[i], True
+        if first:
+            delta = echoed[i] + delta
+        lp = answer.logprobs(seqs[i], update.new_token_ids, update.logprobs or [], first,
+                             offsets[i])
         if lp is not None:
             offsets[i] += sum(map(len, lp["tokens"]))
         if delta or lp or update.finish_reason is not None:

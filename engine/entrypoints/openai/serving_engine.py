@@ -14,7 +14,7 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.core.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
+from engine.core.async_llm import AsyncLLM, EngineDeadError, QueueFullError, RequestFailedError
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
@@ -23,10 +23,14 @@ ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoun
                405: "MethodNotAllowed", 500: "InternalServerError", 503: "ServiceUnavailable"}
 
 
+RETRY_AFTER_S = 1  # the Retry-After of a 503 for a full waiting queue
+
+
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
@@ -34,8 +38,10 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
                       "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status,
+                        headers=headers)
 
 
 @dataclass
@@ -100,6 +106,33 @@ def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: in
     return seqs
 
 
+def admit(state: ServerState, seqs, param: str) -> None:
+    """Queue a request's sequences in the engine, all or none: a request that
+    could never fit the waiting bound is a 400 naming `param` (n, or the
+    prompt list), one that does not fit now a 503 with Retry-After. The
+    answer (stream_answer / unless_disconnected) must end with release()."""
+    bound = state.llm.max_waiting
+    if bound is not None and len(seqs) > bound:
+        raise APIError(400, f"{param}: n x prompts is {len(seqs)} sequences; this server "
+                       f"queues at most {bound} (--max-waiting-queue-length)", param)
+    try:
+        state.llm.add(seqs)
+    except QueueFullError as exc:
+        raise APIError(503, str(exc), None, {"Retry-After": str(RETRY_AFTER_S)}) from None
+    except EngineDeadError as exc:
+        raise APIError(500, str(exc)) from None
+    for s in seqs:
+        state.metrics.on_prompt(s.num_prompt_tokens)
+
+
+def release(state: ServerState, seqs) -> None:
+    """Abort whatever of an admitted request is still queued or running (a
+    no-op for sequences that finished): an answer that ends early, or never
+    starts (its client left first), leaves nothing behind."""
+    for s in seqs:
+        state.llm.abort(s.request_id)
+
+
 def usage(seqs) -> dict:
     prompt = sum({s.index: s.num_prompt_tokens for s in seqs}.values())
     completion = sum(s.num_output_tokens for s in seqs)
@@ -124,10 +157,8 @@ def usage_per_chunk(body, seqs):
 
 
 async def run(state: ServerState, seqs) -> AsyncIterator[tuple[int, object]]:
-    """(choice index, update) for every sequence, as they come; stopping
-    early (the client went away) aborts every sequence."""
-    for s in seqs:
-        state.metrics.on_prompt(s.num_prompt_tokens)
+    """(choice index, update) for every sequence (admitted), as they come;
+    stopping early (the client went away) aborts every sequence."""
     if len(seqs) == 1:  # the common case, without a task per sequence
         async for update in state.llm.generate(seqs[0]):
             yield 0, update
@@ -166,17 +197,20 @@ async def run_to_end(state: ServerState, seqs) -> str | None:
     return None
 
 
-async def unless_disconnected(request: Request, work):
+async def unless_disconnected(request: Request, work, state: ServerState, seqs):
     """Run a non-streamed request; a client that leaves before the answer
-    aborts it (its sequences are aborted when the work is cancelled)."""
+    aborts it (release() on the way out, whatever happened)."""
     task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            return Response(status_code=499)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                return Response(status_code=499)
+    finally:
+        release(state, seqs)
 
 
 # ---- streaming ---------------------------------------------------------------
@@ -228,14 +262,36 @@ def full_answer(prefix: str, obj: str, model: str, choices: list, seqs) -> dict:
     return {**Chunks(prefix, obj, model)(choices), "usage": usage(seqs)}
 
 
-def sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
+class _ReleasingStream(StreamingResponse):
+    """A stream that releases its request's sequences once sent, or dropped
+    before it began (its body then never runs)."""
+
+    def __init__(self, content, on_close, **kw):
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def sse(chunks: AsyncIterator[dict], state: ServerState, seqs,
+        events: bool = False) -> StreamingResponse:
+    """Server-sent events ending with `data: [DONE]`; events: each named by
+    its chunk's type and no [DONE] (the Responses API's stream)."""
     async def body():
         try:
             async for chunk in chunks:
-                yield b"data: %s\n\n" % json.dumps(chunk, separators=(",", ":")).encode()
+                name = b"event: %s\n" % chunk["type"].encode() if events else b""
+                yield name + b"data: %s\n\n" % json.dumps(chunk, separators=(",", ":")).encode()
         except (EngineDeadError, RequestFailedError) as exc:
-            yield f"data: {json.dumps(error_body(500, str(exc)))}\n\n"
-        yield "data: [DONE]\n\n"
+            error = ({"type": "error", "code": "500", "message": str(exc), "param": None}
+                     if events else error_body(500, str(exc)))
+            yield ("event: error\n" if events else "") + f"data: {json.dumps(error)}\n\n"
+        if not events:
+            yield "data: [DONE]\n\n"
 
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return _ReleasingStream(body(), lambda: release(state, seqs),
+                            media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

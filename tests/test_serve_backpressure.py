@@ -1,0 +1,106 @@
+"""Backpressure: the waiting queue has a bound (--max-waiting-queue-length);
+a request past it is a 503 with Retry-After, one that could never fit is a
+400 naming n or the prompt list. The app in process, over ASGI, on the tiny
+model: the engine loop is held back so requests pile up, then let go."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from helpers import app_in_process
+
+httpx = pytest.importorskip("httpx2", reason="httpx2 comes with openai (requirements/dev.txt)")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from engine.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
+
+
+def test_a_full_waiting_queue_answers_503_with_retry_after(tiny):
+    app, llm = app_in_process(tiny, max_waiting=3)
+    body = {"prompt": "one two three", "max_tokens": 3, "temperature": 0}
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t", timeout=60) as c:
+            held = [asyncio.ensure_future(c.post("/v1/completions", json=body))
+                    for _ in range(2)]
+            held.append(asyncio.ensure_future(
+                c.post("/v1/completions", json={**body, "stream": True})))
+            while llm.num_waiting() < 3:  # the loop is not stepping: they wait
+                await asyncio.sleep(0.01)
+            full = await c.post("/v1/completions", json=body)
+            full_stream = await c.post("/v1/completions", json={**body, "stream": True})
+            never = await c.post("/v1/completions", json={**body, "n": 4, "temperature": 1})
+            many = await c.post("/v1/completions", json={**body, "prompt": ["a"] * 5})
+            run = asyncio.ensure_future(llm.run())  # now let the engine go
+            answered = await asyncio.gather(*held)
+            after = await c.post("/v1/completions", json=body)
+            llm.shutdown()
+            await run
+            return full, full_stream, never, many, answered, after
+
+    full, full_stream, never, many, answered, after = asyncio.run(main())
+    for r in (full, full_stream):
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == "1"
+        err = r.json()["error"]
+        assert err["type"] == "ServiceUnavailable" and "\n" not in err["message"]
+        assert "3 sequences are waiting to run" in err["message"], err
+    assert never.status_code == 400 and never.json()["error"]["param"] == "n"
+    assert "queues at most 3" in never.json()["error"]["message"]
+    assert many.status_code == 400 and many.json()["error"]["param"] == "prompt"
+    assert [r.status_code for r in answered] == [200, 200, 200]
+    assert answered[2].text.rstrip().endswith("data: [DONE]")
+    assert after.status_code == 200
+    assert llm.num_waiting() == 0 and not llm.core.requests and not llm._unread
+    assert llm.core.blocks.num_free == llm.core.blocks.num_blocks
+
+
+def test_a_stream_never_read_is_released(tiny):
+    """A streamed answer whose body never runs (its client left before it
+    began) aborts its sequences: nothing stays queued or running."""
+    from starlette.requests import ClientDisconnect
+
+    from engine.entrypoints.openai.serving_engine import sse
+    from engine.sampling_params import SamplingParams
+
+    app, llm = app_in_process(tiny, max_waiting=8)
+    state = app.state.s
+    seqs = [llm.make_sequence("one two", SamplingParams(max_tokens=4))]
+
+    async def main():
+        llm.add(seqs)
+        assert llm.num_waiting() == 1
+
+        async def chunks():
+            yield {}
+
+        response = sse(chunks(), state, seqs)
+
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            raise OSError("the client is gone")
+
+        with pytest.raises(ClientDisconnect):
+            await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        return llm.num_waiting(), dict(llm._streams), dict(llm._unread)
+
+    waiting, streams, unread = asyncio.run(main())
+    assert (waiting, streams, unread) == (0, {}, {})  # aborted before the loop ever ran it
+
+
+def test_the_flag_is_checked_before_loading(capsys):
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "/nonexistent", "--max-waiting-queue-length", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--max-waiting-queue-length: must be a positive integer, got '0'" in err

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from engine.core.chunk_sizer import PromptChunkSizer
 from engine.core.engine_core import EngineCore
 from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import RankDiedError
@@ -79,6 +80,11 @@ class AsyncLLM:
         self._idle: asyncio.Future | None = None  # run() waits on it when there is no work
         self.dead: BaseException | None = None
         self._ids = itertools.count()
+        self.chunks = None  # prompt chunks sized to a step time (engine/core/chunk_sizer.py)
+        # (replicas of -dp step in processes of their own: their scheduler view has no chunks)
+        if getattr(core.scheduler, "enable_chunked_prefill", False):
+            self.chunks = PromptChunkSizer(core.scheduler.max_num_batched_tokens)
+            core.scheduler.prompt_tokens_cap = self.chunks.cap()
 
     async def run(self) -> None:
         """Step the core in this event loop until shutdown(); run it as a task
@@ -124,7 +130,12 @@ class AsyncLLM:
                         self._fail(core.last_scheduled or list(core.requests.values()), exc)
                         stepped = []
                     urgent = self._publish(stepped)
-                    pacer.stepped(clock() - t0)
+                    took = clock() - t0
+                    pacer.stepped(took)
+                    if self.chunks is not None:
+                        self.chunks.stepped(sum(s.num_scheduled_tokens for s in core.last_scheduled
+                                                if s.num_scheduled_tokens > 1), took)
+                        core.scheduler.prompt_tokens_cap = self.chunks.cap()
                 if self.stats is not None:
                     self.stats.on_step(core)
                 if pacer.due(urgent or not core.has_unfinished()):

@@ -1,0 +1,32 @@
+"""How many prompt tokens one step of the server's engine may take: as many as
+the measured prefill speed runs in STEP_TARGET_S, so that a long prompt's
+chunks never hold the event loop (and with it /health and every running
+stream) much longer than that. The engine steps inside the server's event loop
+(engine/core/async_llm.py says why); upstream's runs in a process of its own.
+Offline generation keeps the whole token budget."""
+from __future__ import annotations
+
+STEP_TARGET_S = 0.15
+# Below this many tokens a chunk's fixed costs (every weight read once per
+# step, the step's Python) would dominate its time.
+MIN_TOKENS = 128
+START_TOKENS = 512  # before the first measurement
+
+
+class PromptChunkSizer:
+    def __init__(self, budget: int):
+        self.budget = budget  # max_num_batched_tokens
+        self.rate: float | None = None  # prompt tokens a second, smoothed
+
+    def cap(self) -> int:
+        """Prompt tokens the next step may take."""
+        if self.rate is None:
+            return min(self.budget, START_TOKENS)
+        return min(self.budget, max(MIN_TOKENS, int(self.rate * STEP_TARGET_S)))
+
+    def stepped(self, prompt_tokens: int, seconds: float) -> None:
+        """A step that ran `prompt_tokens` prompt tokens (and maybe decodes) took `seconds`."""
+        if prompt_tokens < MIN_TOKENS or seconds <= 0:
+            return  # too little prompt work to time it by
+        rate = prompt_tokens / seconds
+        self.rate = rate if self.rate is None else 0.5 * (self.rate + rate)

@@ -1,8 +1,11 @@
 """`engine quantize`: a float checkpoint to a compressed-tensors one, by
 round to nearest (no calibration data): W8A8 int8, weights symmetric per
 output channel (scale = max|w[n, :]| / 127), activations dynamic per token at
-run time. The result is what llm-compressor writes for that scheme and
-upstream vLLM loads; lm_head, embeddings and norms stay as they are."""
+run time; or W4A16, 4-bit weights symmetric per group of input channels
+(scale = max|w| / 7.5 over the group, as compressed-tensors computes it, q in
+[-8, 7]) packed 8 to an int32 ("pack-quantized"). The result is what
+llm-compressor writes for that scheme and upstream vLLM loads; lm_head,
+embeddings and norms stay as they are."""
 from __future__ import annotations
 
 import json
@@ -12,15 +15,30 @@ from pathlib import Path
 
 import torch
 
-SCHEMES = ("w8a8",)
+SCHEMES = ("w8a8", "w4a16")
+#: W4A16's default group of input channels (llm-compressor's W4A16 preset)
+GROUP_SIZE = 128
 # the decoder's linear layers, as the checkpoint names them
 _LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
                      r"\.weight$")
 
 
-def quantization_config(ignore: tuple[str, ...] = ()) -> dict:
+def quantization_config(ignore: tuple[str, ...] = (), scheme: str = "w8a8",
+                        group_size: int = GROUP_SIZE) -> dict:
     int8 = dict(num_bits=8, type="int", symmetric=True, group_size=None, block_structure=None,
                 actorder=None, observer_kwargs={})
+    if scheme == "w4a16":
+        return {
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "quantization_status": "compressed", "kv_cache_scheme": None,
+            "ignore": ["lm_head", *ignore],
+            "config_groups": {"group_0": {
+                "targets": ["Linear"], "format": "pack-quantized", "input_activations": None,
+                "output_activations": None,
+                "weights": {**int8, "num_bits": 4, "group_size": group_size, "strategy": "group",
+                            "dynamic": False, "observer": "minmax"},
+            }},
+        }
     return {
         "quant_method": "compressed-tensors", "format": "int-quantized",
         "quantization_status": "compressed", "kv_cache_scheme": None, "ignore": ["lm_head", *ignore],
@@ -41,7 +59,25 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale).clamp(-128, 127).to(torch.int8), scale
 
 
-def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...] = ()) -> Path:
+def quantize_weight_w4a16(w: torch.Tensor, group_size: int = GROUP_SIZE
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight_packed int32 [N, K/8] (q + 8, k = 8i + j at bits 4j) and
+    weight_scale [N, K/group_size] in w's dtype: per group, scale = max|w| / 7.5
+    rounded to w's dtype, q = round(w / scale) clamped to [-8, 7]."""
+    n, k = w.shape
+    if k % group_size or group_size % 8:
+        raise ValueError(f"a weight with {k} input channels does not split into groups of "
+                         f"{group_size}; give --group-size a multiple of 8 that divides it")
+    g = w.float().view(n, k // group_size, group_size)
+    scale = (g.abs().amax(-1) / 7.5).to(w.dtype)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(g / scale.float()[..., None]).clamp(-8, 7).view(n, k).to(torch.int64) + 8
+    lanes = (q.view(n, k // 8, 8) << (torch.arange(8) * 4)).sum(-1)
+    return torch.where(lanes >= 2 ** 31, lanes - 2 ** 32, lanes).to(torch.int32), scale
+
+
+def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...] = (),
+             group_size: int = GROUP_SIZE) -> Path:
     """Write `src` quantized to the new folder `dst`; the layers named in
     `ignore` (checkpoint names, e.g. model.layers.0.mlp.down_proj) stay float."""
     from safetensors import safe_open
@@ -67,7 +103,12 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
         with safe_open(file, "pt") as f:
             for key in f.keys():
                 t = f.get_tensor(key)
-                if _LINEAR.match(key) and key[:-len(".weight")] not in ignore:
+                layer = key[:-len(".weight")]
+                if _LINEAR.match(key) and layer not in ignore and scheme == "w4a16":
+                    tensors[f"{layer}.weight_packed"], tensors[f"{layer}.weight_scale"] = \
+                        quantize_weight_w4a16(t, group_size)
+                    tensors[f"{layer}.weight_shape"] = torch.tensor(t.shape, dtype=torch.int64)
+                elif _LINEAR.match(key) and layer not in ignore:
                     q, s = quantize_weight(t)
                     tensors[key], tensors[key[:-len("weight")] + "weight_scale"] = q, s
                 else:
@@ -80,7 +121,7 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
                 "config.json", "model.safetensors.index.json"):
             shutil.copy2(extra, tmp / extra.name)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    cfg["quantization_config"] = quantization_config(tuple(ignore))
+    cfg["quantization_config"] = quantization_config(tuple(ignore), scheme, group_size)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if dst.exists():
         dst.rmdir()

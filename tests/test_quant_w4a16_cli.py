@@ -37,7 +37,8 @@ def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("w4a16")
     src = make_checkpoint(root / "float", "llama", seed=3, hidden=128, inter=256)
     return {"float": src, "w4a16": quantize(src, root / "w4a16", scheme="w4a16"),
-            "g64": quantize(src, root / "g64", scheme="w4a16", group_size=64)}
+            "g64": quantize(src, root / "g64", scheme="w4a16", group_size=64),
+            "g256": quantize(src, root / "g256", scheme="w4a16", group_size=256)}
 
 
 def fake_weights(path: Path) -> dict:
@@ -80,15 +81,31 @@ def test_checkpoint_is_compressed_tensors_pack_quantized(ckpts):
     assert (deq - groups).abs().max() <= scale.float().max() / 2 + 1e-6  # round to nearest
 
 
-def test_group_size_must_divide_the_inputs(ckpts, tmp_path, capsys):
+def test_layers_whose_inputs_do_not_split_go_per_channel(ckpts, tmp_path, capsys):
+    """Group 256 splits down_proj's 256 inputs, not the others' 128: those are
+    per channel, in a config group naming them (which outranks "Linear")."""
     assert cli(["quantize", str(ckpts["float"]), str(tmp_path / "q"), "--scheme", "w4a16",
-                "--group-size", "96"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "does not split into groups of 96" in err
+                "--group-size", "256"]) == 0
+    qc = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    g1 = qc["config_groups"]["group_1"]
+    assert (g1["weights"]["strategy"], g1["weights"]["group_size"]) == ("channel", None)
+    assert "model.layers.0.self_attn.q_proj" in g1["targets"]
+    assert not any("down_proj" in t for t in g1["targets"])
+    with safe_open(tmp_path / "q" / "model.safetensors", "pt") as f:
+        assert f.get_tensor("model.layers.0.self_attn.q_proj.weight_scale").shape == (128, 1)
+        assert f.get_tensor("model.layers.0.mlp.down_proj.weight_scale").shape == (128, 1)
+    from engine.model_executor.layers.quantization import config_for
+
+    cfg = config_for(tmp_path / "q")
+    assert cfg.method_for(("model.layers.0.self_attn.q_proj",)).group_size is None
+    assert cfg.method_for(("model.layers.0.mlp.down_proj",)).group_size == 256
+    assert cli(["quantize", str(ckpts["float"]), str(tmp_path / "q2"), "--scheme", "w4a16",
+                "--group-size", "12"]) == 2
+    assert "positive multiple of 8" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["w4a16", "g64"])
+@pytest.mark.parametrize("name", ["w4a16", "g64", "g256"])
 def test_greedy_equals_fake_quant_reference(ckpts, name):
     ours = engine_greedy(ckpts[name], PROMPTS, 16)
     assert ours == fake_quant_greedy(ckpts["float"], fake_weights(ckpts[name]), PROMPTS, 16)

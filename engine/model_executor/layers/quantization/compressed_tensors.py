@@ -116,7 +116,9 @@ class CompressedTensorsConfig:
     def _method_of(self, name: str) -> W8A8Int8 | WNA16 | None:
         if any(_matches(name, p) for p in self.ignore):
             return None
-        for g in self.groups:
-            if any(_matches(name, t) for t in g.targets):
-                return g.method
+        # upstream's precedence: an exact name, then a "re:" pattern, then a class
+        for kind in (lambda t: t == name, lambda t: t.startswith("re:"), lambda t: True):
+            for g in self.groups:
+                if any(kind(t) and _matches(name, t) for t in g.targets):
+                    return g.method
         return None

@@ -1,14 +1,15 @@
-"""W8A8 against bfloat16: this engine on a compressed-tensors W8A8 checkpoint
-(made by `engine quantize` from the random Llama) against this engine on the
-bfloat16 original and, with --peer vllm, upstream vLLM on the same W8A8
-checkpoint; each engine in its own process, taking turns, threads bound to the
-same CPUs.
+"""W8A8 and W4A16 against bfloat16: this engine on compressed-tensors W8A8
+and W4A16 checkpoints (made by `engine quantize` from the random Llama)
+against this engine on the bfloat16 original and, with --peer vllm, upstream
+vLLM on the same quantized checkpoints; each engine in its own process, taking
+turns, threads bound to the same CPUs.
 
-    python benchmarks/quant.py [--model-size large] [--peer vllm] [--check]
+    python benchmarks/quant.py [--model-size large] [--schemes w8a8,w4a16] [--peer vllm] [--check]
 
 Targets (issue 28): W8A8 decode >= 1.5x our bf16 at 1 request and >= 1.0x
-vLLM's W8A8 at 1 and 16 requests; prefill >= 1.0x our bf16; peak RSS with
-W8A8 <= 0.6x bf16's. Also how many prompts' first tokens agree with vLLM's.
+vLLM's W8A8 at 1 and 16 requests; W4A16 decode >= 2x our bf16 at 1 request;
+prefill >= 1.0x our bf16; peak RSS with W8A8 <= 0.6x bf16's. Also how many
+prompts' first tokens agree with vLLM's.
 --check exits 1 on a missed target. On a shared machine the figures are noisy:
 the fastest of --repeats runs counts.
 """
@@ -30,9 +31,11 @@ from pathlib import Path
 from benchmarks.common import Targets, Worker, add_check_argument
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 
-DECODE = ((1, 1.5, 1.0), (16, None, 1.0))  # (requests, target vs our bf16, vs vLLM W8A8)
-PREFILL_TARGET = 1.0  # W8A8 prefill tokens/s vs our bf16
-RSS_TARGET = 0.6  # W8A8 peak RSS vs bf16
+BATCHES = (1, 16)  # decode requests
+# scheme -> {requests: (target vs our bf16, vs vLLM on the same scheme)}
+DECODE = {"w8a8": {1: (1.5, 1.0), 16: (None, 1.0)}, "w4a16": {1: (2.0, None), 16: (None, None)}}
+PREFILL_TARGET = 1.0  # quantized prefill tokens/s vs our bf16
+RSS_TARGET = {"w8a8": 0.6}  # quantized peak RSS vs bf16
 PREFILL = (4, 480)  # prompts, tokens each
 AGREE = 4  # first tokens compared with vLLM's
 
@@ -97,6 +100,7 @@ def main() -> int:
     p.add_argument("--threads", default="0-1")
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--schemes", default="w8a8,w4a16", help="comma-separated: w8a8, w4a16")
     p.add_argument("--child")
     p.add_argument("--model")
     add_check_argument(p)
@@ -107,19 +111,22 @@ def main() -> int:
     from engine import ops
     from engine.model_executor.layers.quantization.rtn import quantize
 
+    schemes = [x for x in a.schemes.split(",") if x]
+    if not schemes or set(schemes) - set(DECODE):
+        raise SystemExit(f"--schemes takes some of {', '.join(DECODE)}, got {a.schemes!r}")
     env = peer_env(a.threads)
     ours = {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    requests = [f"decode {b}" for b, _, _ in DECODE] + ["prefill"]
+    requests = [f"decode {b}" for b in BATCHES] + ["prefill"]
     with tempfile.TemporaryDirectory() as tmp:
         bf16 = make_model(Path(tmp) / "bf16", a.model_size)
-        w8a8 = quantize(bf16, Path(tmp) / "w8a8")
-        print(f"checkpoint: random Llama '{a.model_size}', bfloat16 and W8A8 (engine quantize); "
-              f"CPUs {a.threads}, our code path {ops.cpu_isa()}; {a.new} new tokens a request, "
-              f"prefill {PREFILL[0]} prompts of {PREFILL[1]} tokens")
-        specs = [(sys.executable, "engine", bf16, ours, "engine bf16"),
-                 (sys.executable, "engine", w8a8, ours, "engine w8a8")]
+        ckpt = {s: quantize(bf16, Path(tmp) / s, scheme=s) for s in schemes}
+        print(f"checkpoint: random Llama '{a.model_size}', bfloat16 and {', '.join(schemes)} "
+              f"(engine quantize); CPUs {a.threads}, our code path {ops.cpu_isa()}; {a.new} new "
+              f"tokens a request, prefill {PREFILL[0]} prompts of {PREFILL[1]} tokens")
+        specs = [(sys.executable, "engine", bf16, ours, "engine bf16")]
+        specs += [(sys.executable, "engine", ckpt[s], ours, f"engine {s}") for s in schemes]
         if a.peer == "vllm":
-            specs.append((str(require_peer()), "vllm", w8a8, env, "vllm w8a8"))
+            specs += [(str(require_peer()), "vllm", ckpt[s], env, f"vllm {s}") for s in schemes]
         sides = []
         try:
             for python, kind, model, e, name in specs:
@@ -133,33 +140,42 @@ def main() -> int:
             for side in sides:
                 side.close()
     targets = Targets()
-    base, q = sides[0], sides[1]
-    peer = sides[2] if len(sides) > 2 else None
-    for (batch, t_bf16, t_peer), req in zip(DECODE, requests):
-        line = (f"decode, {batch:>2} requests: w8a8 {q.rate(req):7.1f} tok/s, bf16 "
+    base = sides[0]
+    by_name = {side.name: side for side in sides}
+    for s in schemes:
+        q, peer = by_name[f"engine {s}"], by_name.get(f"vllm {s}")
+        report(targets, s, q, base, peer, requests)
+    return targets.finish(a.check, record_as="quant" if a.record else None)
+
+
+def report(targets, s: str, q: Side, base: Side, peer: Side | None, requests) -> None:
+    for batch, req in zip(BATCHES, requests):
+        t_bf16, t_peer = DECODE[s][batch]
+        line = (f"decode, {batch:>2} requests: {s} {q.rate(req):7.1f} tok/s, bf16 "
                 f"{base.rate(req):7.1f} ({q.rate(req) / base.rate(req):.2f}x)")
         if t_bf16 is not None:
-            targets.record(f"{batch} requests: w8a8 decode vs our bf16",
+            targets.record(f"{batch} requests: {s} decode vs our bf16",
                            q.rate(req) / base.rate(req), t_bf16)
         if peer is not None:
             same = sum(x[:AGREE] == y[:AGREE] for x, y in zip(q.best[req]["ids"],
                                                               peer.best[req]["ids"]))
-            line += (f", vllm w8a8 {peer.rate(req):7.1f} ({q.rate(req) / peer.rate(req):.2f}x); "
+            line += (f", vllm {s} {peer.rate(req):7.1f} ({q.rate(req) / peer.rate(req):.2f}x); "
                      f"first {AGREE} ids agree with vllm on {same}/{batch}")
-            targets.record(f"{batch} requests: w8a8 decode vs vllm w8a8",
-                           q.rate(req) / peer.rate(req), t_peer)
+            if t_peer is not None:
+                targets.record(f"{batch} requests: {s} decode vs vllm {s}",
+                               q.rate(req) / peer.rate(req), t_peer)
         print(line)
-    print(f"prefill: w8a8 {q.rate('prefill'):7.1f} tok/s, bf16 {base.rate('prefill'):7.1f} "
+    print(f"prefill: {s} {q.rate('prefill'):7.1f} tok/s, bf16 {base.rate('prefill'):7.1f} "
           f"({q.rate('prefill') / base.rate('prefill'):.2f}x)"
-          + (f", vllm w8a8 {peer.rate('prefill'):7.1f}" if peer else ""))
-    targets.record("prefill: w8a8 vs our bf16", q.rate("prefill") / base.rate("prefill"),
+          + (f", vllm {s} {peer.rate('prefill'):7.1f}" if peer else ""))
+    targets.record(f"prefill: {s} vs our bf16", q.rate("prefill") / base.rate("prefill"),
                    PREFILL_TARGET)
-    print(f"peak RSS: w8a8 {q.rss.peak:.0f} MB, bf16 {base.rss.peak:.0f} MB "
-          f"({q.rss.peak / base.rss.peak:.2f}x)" + (f", vllm w8a8 {peer.rss.peak:.0f} MB"
+    print(f"peak RSS: {s} {q.rss.peak:.0f} MB, bf16 {base.rss.peak:.0f} MB "
+          f"({q.rss.peak / base.rss.peak:.2f}x)" + (f", vllm {s} {peer.rss.peak:.0f} MB"
                                                      if peer else ""))
-    targets.record("peak RSS: w8a8 vs bf16", q.rss.peak / base.rss.peak, RSS_TARGET,
-                   higher_is_better=False)
-    return targets.finish(a.check, record_as="quant" if a.record else None)
+    if s in RSS_TARGET:
+        targets.record(f"peak RSS: {s} vs bf16", q.rss.peak / base.rss.peak, RSS_TARGET[s],
+                       higher_is_better=False)
 
 
 if __name__ == "__main__":

@@ -77,3 +77,23 @@ TORCH_LIBRARY_IMPL(_C, CPU, m) {
 #ifdef ENGINE_WITH_CUDA_KERNELS
 TORCH_LIBRARY_IMPL(_C, CUDA, m) { ENGINE_REGISTER_OPS(cuda) }
 #endif
+
+#ifdef ENGINE_WITH_CPU_KERNELS
+#include "cpu/wna16_ops.h"
+// CPU only: weight-only quantized linear layers (W4A16, W8A16), weight packed by
+// engine.model_executor.layers.quantization.wna16.pack_wna16: wna16_linear for
+// few rows, wna16_dequant ([K, N], the panel a large-M GEMM multiplies).
+TORCH_LIBRARY_FRAGMENT(_C, m) {
+  m.def("cpu_has_wna16_linear", &engine::cpu::has_wna16_linear);
+  m.def(
+      "wna16_linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor scales, "
+      "Tensor zeros, int bits, int group_size) -> ()");
+  m.def(
+      "wna16_dequant(Tensor! out, Tensor packed_weight, Tensor scales, Tensor zeros, int bits, "
+      "int group_size) -> ()");
+}
+TORCH_LIBRARY_IMPL(_C, CPU, m) {
+  m.impl("wna16_linear", &engine::cpu::wna16_linear);
+  m.impl("wna16_dequant", &engine::cpu::wna16_dequant);
+}
+#endif

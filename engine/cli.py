@@ -191,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                         "float checkpoint, by round to nearest")
     qz.add_argument("src", help="a Hugging Face checkpoint folder")
     qz.add_argument("dst", help="a new folder")
-    qz.add_argument("--scheme", default="w8a8", choices=["w8a8"],
-                    help="w8a8: int8 weights per channel, int8 activations per token")
+    qz.add_argument("--scheme", default="w8a8", choices=["w8a8", "w4a16"],
+                    help="w8a8: int8 weights per channel, int8 activations per token; "
+                    "w4a16: 4-bit weights per group, activations as they are")
+    qz.add_argument("--group-size", type=int, default=128,
+                    help="w4a16: input channels a scale covers (default 128)")
     env = sub.add_parser("env", help="print what this installation is and runs on")
     env.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -256,7 +259,7 @@ def make_tiny_model(args) -> int:
 def quantize(args) -> int:
     from engine.model_executor.layers.quantization.rtn import quantize as run
 
-    path = run(args.src, args.dst, args.scheme)
+    path = run(args.src, args.dst, args.scheme, group_size=args.group_size)
     print(f"wrote a {args.scheme} checkpoint to {path}; try: engine serve {path}")
     return 0
 

@@ -16,7 +16,8 @@ from engine._kernels import load
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.
-DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention", "fused_moe")}
+DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention", "fused_moe",
+                           "wna16_linear", "wna16_dequant")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 
@@ -119,6 +120,30 @@ def fused_moe(out: torch.Tensor, input: torch.Tensor, w13: torch.Tensor, w2: tor
 def has_fused_moe() -> bool:
     """Whether the CPU code path in use has the fused MoE kernel (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_fused_moe())
+
+
+def wna16_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+                 scales: torch.Tensor, zeros: torch.Tensor, bits: int, group_size: int) -> None:
+    """Weight-only quantized (W4A16, W8A16): out[M, N] = input @ W^T in float32,
+    W[n, k] = (q - zero) * scale per group of group_size k, packed by
+    engine.model_executor.layers.quantization.wna16.pack_wna16. For few rows:
+    the weight is read once a call. The reference where the code path in use
+    has no kernel (see has_wna16_linear)."""
+    fn = torch.ops._C.wna16_linear if has_wna16_linear() else reference.wna16_linear
+    fn(out, input, packed_weight, scales, zeros, bits, group_size)
+
+
+def wna16_dequant(out: torch.Tensor, packed_weight: torch.Tensor, scales: torch.Tensor,
+                  zeros: torch.Tensor, bits: int, group_size: int) -> None:
+    """out[K, N] = W^T of a wna16_linear weight, in out's dtype (float32 or
+    bfloat16): the panel a large-M GEMM multiplies."""
+    fn = torch.ops._C.wna16_dequant if has_wna16_linear() else reference.wna16_dequant
+    fn(out, packed_weight, scales, zeros, bits, group_size)
+
+
+def has_wna16_linear() -> bool:
+    """Whether the CPU code path in use has the wna16 kernels (x86 AVX2/AVX-512)."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_wna16_linear())
 
 
 def has_panel_linear() -> bool:

@@ -208,3 +208,35 @@ def fused_moe(out: torch.Tensor, input: torch.Tensor, w13: torch.Tensor, w2: tor
     plain13 = torch.stack([unpack_panels(w, 2 * intermediate, h) for w in w13])
     plain2 = torch.stack([unpack_panels(w, h, intermediate) for w in w2])
     grouped_moe(out, input, plain13, plain2, topk_weights, topk_ids)
+
+
+def unpack_wna16(packed_weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 bits: int, group_size: int, n: int, k: int) -> torch.Tensor:
+    """The float32 weight [N, K] a wna16 layout holds: (q - zero) * scale per
+    group, q the bits-wide unsigned values of [ceil(N/16), steps, 16] int32 lanes
+    (k = step * (32 / bits) + j at bits j * bits), scales and zeros [ceil(N/16),
+    groups, 16]."""
+    pf = 32 // bits
+    panels, steps, _ = packed_weight.shape
+    shifts = torch.arange(pf, dtype=torch.int32) * bits
+    q = (packed_weight.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [panels, steps, 16, pf]
+    q = q.permute(0, 2, 1, 3).reshape(panels * PANEL, steps * pf)
+    groups = scales.shape[1]
+    s = scales.permute(0, 2, 1).reshape(panels * PANEL, groups)
+    z = zeros.permute(0, 2, 1).reshape(panels * PANEL, groups).to(torch.int32)
+    g = torch.arange(steps * pf) // group_size
+    return ((q - z[:, g]).float() * s[:, g])[:n, :k]
+
+
+def wna16_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+                 scales: torch.Tensor, zeros: torch.Tensor, bits: int, group_size: int) -> None:
+    """Weight-only quantized linear: the unpacked weight times input, in float32."""
+    w = unpack_wna16(packed_weight, scales, zeros, bits, group_size, out.shape[1], input.shape[1])
+    out.copy_(F.linear(input.float(), w))
+
+
+def wna16_dequant(out: torch.Tensor, packed_weight: torch.Tensor, scales: torch.Tensor,
+                  zeros: torch.Tensor, bits: int, group_size: int) -> None:
+    """out [K, N] = the unpacked weight, transposed, rounded once to out's dtype."""
+    k, n = out.shape
+    out.copy_(unpack_wna16(packed_weight, scales, zeros, bits, group_size, n, k).T)

@@ -127,14 +127,23 @@ def _write_qc(path, qc):
 
 
 @pytest.mark.parametrize("qc,match", [
-    ({"quant_method": "awq", "bits": 4}, r"quantization method 'awq' is not supported; "
-                                         r"supported: compressed-tensors"),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"},
-     r"format 'pack-quantized' is not supported; supported"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True},
+     r"quantization method 'bitsandbytes' is not supported; supported: compressed-tensors "
+     r".*GPTQ 4/8-bit, AWQ 4-bit GEMM"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemv"},
+     r"AWQ version 'gemv' \(GEMM packing runs\) is not supported"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128},
+     r"GPTQ with bits=3 \(4 and 8 run\) is not supported"),
+    ({"quant_method": "compressed-tensors", "format": "marlin-24"},
+     r"format 'marlin-24' is not supported; supported"),
     ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
         "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True,
-                                           "strategy": "group"}}}},
-     r"weight-only quantization \(4-bit int\) is not supported"),
+                                           "strategy": "group", "group_size": 128}}}},
+     r"weight-only 4-bit int in format 'int-quantized' \(pack-quantized runs\) is not supported"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "symmetric": True,
+                                           "strategy": "group", "group_size": 16}}}},
+     r"weight-only 4-bit float is not supported"),
     ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
         "targets": ["Linear"],
         "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},

@@ -1,7 +1,9 @@
 """Quantized checkpoints: which quantization_config (config.json) this engine
 loads, and the linear methods that run them. `apply` gives a model's linear
 layers their methods before the weights are read, so that the loader finds
-int8 parameters (and their scales) where the checkpoint holds them."""
+int8 parameters (and their scales) where the checkpoint holds them; weight-only
+4/8-bit layers (wna16) are read and packed here, and the loader skips their
+tensors."""
 from __future__ import annotations
 
 import json
@@ -10,12 +12,18 @@ from pathlib import Path
 from torch import nn
 
 from engine.model_executor.layers.linear import Linear
+from engine.model_executor.layers.quantization import wna16_formats
 from engine.model_executor.layers.quantization.compressed_tensors import (
-    CompressedTensorsConfig, SUPPORTED)
+    METHOD, SUPPORTED, CompressedTensorsConfig)
+from engine.model_executor.layers.quantization.gptq_awq import AWQConfig, GPTQConfig
+from engine.model_executor.layers.quantization.wna16 import WNA16
 
 __all__ = ["apply", "config_for", "SUPPORTED"]
 
-def config_for(path: Path) -> CompressedTensorsConfig | None:
+_CONFIGS = {METHOD: CompressedTensorsConfig, "gptq": GPTQConfig, "awq": AWQConfig}
+
+
+def config_for(path: Path):
     """The checkpoint's quantization config, None for a float checkpoint;
     ValueError (one line) for a method or scheme this engine does not run."""
     try:
@@ -27,7 +35,11 @@ def config_for(path: Path) -> CompressedTensorsConfig | None:
         return None
     if not isinstance(qc, dict):
         raise ValueError(f"{path}: config.json's quantization_config must be an object")
-    return CompressedTensorsConfig.parse(qc, str(path))
+    method = qc.get("quant_method")
+    if method not in _CONFIGS:
+        raise ValueError(f"{path}: quantization method {method!r} is not supported; "
+                         f"supported: {SUPPORTED}")
+    return _CONFIGS[method].parse(qc, str(path))
 
 
 def checkpoint_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
@@ -43,14 +55,34 @@ def checkpoint_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
 
 def apply(model: nn.Module, path: Path) -> None:
     """Give every quantized linear layer of `model` its method (no-op for a
-    float checkpoint)."""
+    float checkpoint); read and pack the weight-only ones."""
     config = config_for(path)
     if config is None:
         return
     names = checkpoint_names(model)
+    wna16 = []
     for name, module in model.named_modules():
         # upstream quantizes no lm_head (an embedding there, not a linear layer)
         if isinstance(module, Linear) and name != "lm_head" and name in names:
             method = config.method_for(names[name])
             if method is not None:
                 method.create_weights(module)
+                if isinstance(method, WNA16):
+                    wna16.append((module, names[name], method))
+    if wna16:
+        _load_wna16(model, path, config, wna16)
+
+
+def _load_wna16(model: nn.Module, path: Path, config, layers: list) -> None:
+    from engine.distributed.parallel_state import tp_size
+
+    if tp_size() > 1:
+        raise ValueError(f"{path}: weight-only quantized checkpoints run with "
+                         "tensor_parallel_size 1 for now")
+    read = wna16_formats.load(path, config, layers)
+    # the engine's loader reads the rest: not these layers' .weight, none of their tensors
+    dropped = {f"{n}.weight" for _, names, _ in layers for n in names}
+    full_map, skipped = model.checkpoint_map, getattr(model, "skipped_checkpoint_keys",
+                                                      lambda: ())
+    model.checkpoint_map = lambda: {k: v for k, v in full_map().items() if k not in dropped}
+    model.skipped_checkpoint_keys = lambda: (*skipped(), *sorted(read))

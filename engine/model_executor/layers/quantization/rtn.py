@@ -1,8 +1,11 @@
 """`engine quantize`: a float checkpoint to a compressed-tensors one, by
 round to nearest (no calibration data): W8A8 int8, weights symmetric per
 output channel (scale = max|w[n, :]| / 127), activations dynamic per token at
-run time. The result is what llm-compressor writes for that scheme and
-upstream vLLM loads; lm_head, embeddings and norms stay as they are."""
+run time; or W4A16, 4-bit weights symmetric per group of input channels
+(scale = max|w| / 7.5 over the group, as compressed-tensors computes it, q in
+[-8, 7]) packed 8 to an int32 ("pack-quantized"). The result is what
+llm-compressor writes for that scheme and upstream vLLM loads; lm_head,
+embeddings and norms stay as they are."""
 from __future__ import annotations
 
 import json
@@ -12,15 +15,34 @@ from pathlib import Path
 
 import torch
 
-SCHEMES = ("w8a8",)
+SCHEMES = ("w8a8", "w4a16")
+#: W4A16's default group of input channels (llm-compressor's W4A16 preset)
+GROUP_SIZE = 128
 # the decoder's linear layers, as the checkpoint names them
 _LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
                      r"\.weight$")
 
 
-def quantization_config(ignore: tuple[str, ...] = ()) -> dict:
+def quantization_config(ignore: tuple[str, ...] = (), scheme: str = "w8a8",
+                        group_size: int = GROUP_SIZE, per_channel: tuple[str, ...] = ()) -> dict:
+    """per_channel (w4a16): the layers whose inputs do not split into groups,
+    quantized per output channel in a config group of their own (an exact
+    name outranks "Linear", in upstream's matching and ours)."""
     int8 = dict(num_bits=8, type="int", symmetric=True, group_size=None, block_structure=None,
                 actorder=None, observer_kwargs={})
+    if scheme == "w4a16":
+        def group(targets, size):
+            return {"targets": targets, "format": "pack-quantized", "input_activations": None,
+                    "output_activations": None,
+                    "weights": {**int8, "num_bits": 4, "group_size": size, "dynamic": False,
+                                "strategy": "group" if size else "channel", "observer": "minmax"}}
+
+        groups = {"group_0": group(["Linear"], group_size)}
+        if per_channel:
+            groups["group_1"] = group(list(per_channel), None)
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                "quantization_status": "compressed", "kv_cache_scheme": None,
+                "ignore": ["lm_head", *ignore], "config_groups": groups}
     return {
         "quant_method": "compressed-tensors", "format": "int-quantized",
         "quantization_status": "compressed", "kv_cache_scheme": None, "ignore": ["lm_head", *ignore],
@@ -41,7 +63,25 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale).clamp(-128, 127).to(torch.int8), scale
 
 
-def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...] = ()) -> Path:
+def quantize_weight_w4a16(w: torch.Tensor, group_size: int | None = GROUP_SIZE
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight_packed int32 [N, ceil(K/8)] (q + 8, k = 8i + j at bits 4j, zero
+    past K) and weight_scale [N, K/group_size] ([N, 1] for group_size None: per
+    channel) in w's dtype: per group, scale = max|w| / 7.5 rounded to w's
+    dtype, q = round(w / scale) clamped to [-8, 7]."""
+    n, k = w.shape
+    group = group_size or k
+    g = w.float().view(n, k // group, group)
+    scale = (g.abs().amax(-1) / 7.5).to(w.dtype)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.zeros(n, -(-k // 8) * 8, dtype=torch.int64)
+    q[:, :k] = torch.round(g / scale.float()[..., None]).clamp(-8, 7).view(n, k) + 8
+    lanes = (q.view(n, -1, 8) << (torch.arange(8) * 4)).sum(-1)
+    return torch.where(lanes >= 2 ** 31, lanes - 2 ** 32, lanes).to(torch.int32), scale
+
+
+def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...] = (),
+             group_size: int = GROUP_SIZE) -> Path:
     """Write `src` quantized to the new folder `dst`; the layers named in
     `ignore` (checkpoint names, e.g. model.layers.0.mlp.down_proj) stay float."""
     from safetensors import safe_open
@@ -50,6 +90,9 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
     src, dst = Path(src), Path(dst)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; supported: {', '.join(SCHEMES)}")
+    if scheme == "w4a16" and (group_size <= 0 or group_size % 8):
+        raise ValueError(f"--group-size {group_size}: give a positive multiple of 8 (128, 64, 32)")
+    per_channel: list[str] = []  # w4a16 layers whose inputs do not split into groups
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{src} has no config.json; give the folder of a Hugging Face checkpoint")
@@ -67,7 +110,14 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
         with safe_open(file, "pt") as f:
             for key in f.keys():
                 t = f.get_tensor(key)
-                if _LINEAR.match(key) and key[:-len(".weight")] not in ignore:
+                layer = key[:-len(".weight")]
+                if _LINEAR.match(key) and layer not in ignore and scheme == "w4a16":
+                    if t.shape[1] % group_size:
+                        per_channel.append(layer)
+                    tensors[f"{layer}.weight_packed"], tensors[f"{layer}.weight_scale"] = \
+                        quantize_weight_w4a16(t, None if layer in per_channel else group_size)
+                    tensors[f"{layer}.weight_shape"] = torch.tensor(t.shape, dtype=torch.int64)
+                elif _LINEAR.match(key) and layer not in ignore:
                     q, s = quantize_weight(t)
                     tensors[key], tensors[key[:-len("weight")] + "weight_scale"] = q, s
                 else:
@@ -80,7 +130,8 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
                 "config.json", "model.safetensors.index.json"):
             shutil.copy2(extra, tmp / extra.name)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    cfg["quantization_config"] = quantization_config(tuple(ignore))
+    cfg["quantization_config"] = quantization_config(tuple(ignore), scheme, group_size,
+                                                     tuple(sorted(per_channel)))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if dst.exists():
         dst.rmdir()

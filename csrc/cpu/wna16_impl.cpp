@@ -1,0 +1,327 @@
+// Weight-only quantized linear layers (W4A16, W8A16) for the x86 vector ISAs:
+// compiled once per ISA as kernels_impl.cpp is (ENGINE_ISA, the same -m
+// flags), only C headers, internal linkage but for the table getter.
+// Layout and math: wna16.h.
+//
+// Decode (few rows) is memory-bound: a thread streams its panels of packed
+// weights once a call, 4 KiB prefetched ahead, and dequantises in registers:
+// each 32-bit lane of a step holds PF values of one column, so one vector
+// load gives 16 columns by PF k, and a shift, a mask, the zero point's
+// subtraction and no conversion make 16 float weights for MR fused
+// multiply-adds (wna16_tile says how). Sums run per group and are scaled once a group:
+// out[m, n] = sum_g scale[n, g] * sum_{k in g} x[m, k] * (q[n, k] - zero[n, g]).
+// With few accumulators each gets several sets (k mod U) so that the FMA
+// latency does not bound the stream.
+#include "wna16.h"
+#include "scalar.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef ENGINE_ISA
+#error "ENGINE_ISA must be defined (avx2, avx512 or avx512_bf16)"
+#endif
+
+#include <immintrin.h>
+
+namespace engine_cpu {
+namespace {
+
+constexpr int64_t NR = kPanel;  // columns a panel
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int W = 16;
+using VF = __m512;
+using VI = __m512i;
+inline VF fzero() { return _mm512_setzero_ps(); }
+inline VF fset1(float x) { return _mm512_set1_ps(x); }
+inline VF fload(const float* p) { return _mm512_loadu_ps(p); }
+inline void fstore(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline VF fadd(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF fmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF ffma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VI iset1(int x) { return _mm512_set1_epi32(x); }
+inline VI iload(const uint32_t* p) { return _mm512_loadu_si512(p); }
+inline VI izeros(const uint8_t* z) {  // W zero points, widened
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(z)));
+}
+// (v >> sh) & mask, minus z, as float: exact for 4- and 8-bit values
+inline VF decode(VI v, int sh, VI mask, VI z) {
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, sh), mask), z));
+}
+// (v & mask) | magic as float, magic = 2^23: 2^23 + (v & mask) exactly (below 2^23)
+inline VF magic_or(VI v, VI mask, VI magic) {
+  return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, magic, 0xEA));
+}
+inline VI isrl16(VI v) { return _mm512_srli_epi32(v, 16); }
+inline VF icvt(VI v) { return _mm512_cvtepi32_ps(v); }
+inline VF fsub(VF a, VF b) { return _mm512_sub_ps(a, b); }
+// 16 floats to bfloat16, round to nearest even (finite values: dequantised weights)
+inline void store_bf16(uint16_t* p, VF v) {
+  const VI u = _mm512_castps_si512(v);
+  const VI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const VI r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+constexpr int MR_MAX = 16;  // rows a tile: 16 accumulators (more with k sets) of 32 registers
+#else
+constexpr int W = 8;
+using VF = __m256;
+using VI = __m256i;
+inline VF fzero() { return _mm256_setzero_ps(); }
+inline VF fset1(float x) { return _mm256_set1_ps(x); }
+inline VF fload(const float* p) { return _mm256_loadu_ps(p); }
+inline void fstore(float* p, VF v) { _mm256_storeu_ps(p, v); }
+inline VF fadd(VF a, VF b) { return _mm256_add_ps(a, b); }
+inline VF fmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF ffma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VI iset1(int x) { return _mm256_set1_epi32(x); }
+inline VI iload(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline VI izeros(const uint8_t* z) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(z)));
+}
+inline VF decode(VI v, int sh, VI mask, VI z) {
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(v, sh), mask), z));
+}
+inline VF magic_or(VI v, VI mask, VI magic) {
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(v, mask), magic));
+}
+inline VI isrl16(VI v) { return _mm256_srli_epi32(v, 16); }
+inline VF icvt(VI v) { return _mm256_cvtepi32_ps(v); }
+inline VF fsub(VF a, VF b) { return _mm256_sub_ps(a, b); }
+inline void store_bf16(uint16_t* p, VF v) {
+  const VI u = _mm256_castps_si256(v);
+  const VI lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const VI r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+constexpr int MR_MAX = 4;  // 16 registers: 8 accumulators, the weight, zero points, mask
+#endif
+constexpr int CH = NR / W;  // vectors a panel row
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  static float load(float x) { return x; }
+  static float store(float x) { return x; }
+};
+template <>
+struct Elem<uint16_t> {
+  static float load(uint16_t x) { return bf16_to_float(x); }
+  static uint16_t store(float x) { return float_to_bf16(x); }
+};
+
+// out[r, :16] += the panel's sums for MR rows of a ([k][MR] floats, zero past
+// K, each k pre-scaled by 2^-(BITS * l), l its place in its half lane below),
+// group by group.
+//
+// The weights are decoded without shifts or conversions: a lane's low half
+// holds values l = 0 .. PF/2 - 1 at bits BITS * l; (lane & mask_l) | 2^23's
+// bits is the float 2^23 + q * 2^(BITS * l) (below 2^23 + 2^20, so exact), and
+// subtracting 2^23 + zero * 2^(BITS * l) leaves (q - zero) * 2^(BITS * l),
+// exact; the pre-scaled x undoes the power of two, also exactly. The high half
+// is the lane shifted right by 16. So the products are x * (q - zero) as a
+// plain conversion would give, for a mask-or, a subtraction and an FMA.
+template <int BITS, int MR>
+void wna16_tile(const float* a, const uint32_t* panel, const float* scales, const uint8_t* zeros,
+                int64_t groups, int64_t gsteps, float* out) {
+  constexpr int PF = 32 / BITS, HALF = PF / 2;
+  constexpr int U = MR * CH >= 8 ? 1 : (MR * CH >= 4 ? 2 : 4);  // k sets
+  constexpr int64_t ahead = 4096 / (NR * 4);                   // steps: 4 KiB
+  const VI magic = iset1(0x4B000000);
+  VI mask[HALF];
+  for (int l = 0; l < HALF; ++l) mask[l] = iset1(((1 << BITS) - 1) << (BITS * l));
+  for (int64_t g = 0; g < groups; ++g) {
+    VF zf[HALF][CH];  // 2^23 + zero * 2^(BITS * l)
+    for (int c = 0; c < CH; ++c) {
+      const VF z = icvt(izeros(zeros + g * NR + c * W));
+      for (int l = 0; l < HALF; ++l)
+        zf[l][c] = ffma(z, fset1(static_cast<float>(1 << (BITS * l))), fset1(8388608.f));
+    }
+    VF acc[U][MR][CH];
+    for (int u = 0; u < U; ++u)
+      for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < CH; ++c) acc[u][r][c] = fzero();
+    const uint32_t* p = panel + g * gsteps * NR;
+    const float* ag = a + g * gsteps * PF * MR;
+    for (int64_t s = 0; s < gsteps; ++s) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + (s + ahead) * NR), _MM_HINT_T0);
+      VI v[2][CH];
+      for (int c = 0; c < CH; ++c) {
+        v[0][c] = iload(p + s * NR + c * W);
+        v[1][c] = isrl16(v[0][c]);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < PF; ++j) {
+        const int h = j / HALF, l = j % HALF;
+        VF w[CH];
+        for (int c = 0; c < CH; ++c) w[c] = fsub(magic_or(v[h][c], mask[l], magic), zf[l][c]);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          const VF xb = fset1(ag[(s * PF + j) * MR + r]);
+          for (int c = 0; c < CH; ++c) acc[j % U][r][c] = ffma(xb, w[c], acc[j % U][r][c]);
+        }
+      }
+    }
+    for (int c = 0; c < CH; ++c) {
+      const VF sc = fload(scales + g * NR + c * W);
+      for (int r = 0; r < MR; ++r) {
+        VF t = acc[0][r][c];
+        for (int u = 1; u < U; ++u) t = fadd(t, acc[u][r][c]);
+        float* o = out + r * NR + c * W;
+        fstore(o, ffma(t, sc, fload(o)));
+      }
+    }
+  }
+}
+
+template <int BITS>
+using TileFn = void (*)(const float*, const uint32_t*, const float*, const uint8_t*, int64_t,
+                        int64_t, float*);
+
+template <int BITS>
+TileFn<BITS> tile_fn(int mr) {
+  switch (mr) {
+#define ENGINE_WNA16_CASE(n) \
+  case n:                    \
+    return &wna16_tile<BITS, (n <= MR_MAX ? n : MR_MAX)>;
+    ENGINE_WNA16_CASE(1) ENGINE_WNA16_CASE(2) ENGINE_WNA16_CASE(3) ENGINE_WNA16_CASE(4)
+    ENGINE_WNA16_CASE(5) ENGINE_WNA16_CASE(6) ENGINE_WNA16_CASE(7) ENGINE_WNA16_CASE(8)
+    ENGINE_WNA16_CASE(9) ENGINE_WNA16_CASE(10) ENGINE_WNA16_CASE(11) ENGINE_WNA16_CASE(12)
+    ENGINE_WNA16_CASE(13) ENGINE_WNA16_CASE(14) ENGINE_WNA16_CASE(15)
+#undef ENGINE_WNA16_CASE
+    default:
+      return &wna16_tile<BITS, MR_MAX>;
+  }
+}
+
+template <int BITS, typename T>
+void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
+              const uint8_t* zeros, int64_t M, int64_t N, int64_t K, int64_t G, int64_t ldx,
+              int64_t ldo) {
+  constexpr int PF = 32 / BITS;
+  const int64_t groups = (K + G - 1) / G, gsteps = G / PF, steps = groups * gsteps;
+  const int64_t Kp = steps * PF;  // k padded to whole groups
+  const int64_t panels = (N + NR - 1) / NR, tiles = (M + MR_MAX - 1) / MR_MAX;
+  // x as floats, k-major per tile of MR_MAX rows ([Kp][mr]), zero past K,
+  // pre-scaled as wna16_tile reads them
+  float pre[PF];
+  for (int j = 0; j < PF; ++j) pre[j] = 1.f / static_cast<float>(1 << (BITS * (j % (PF / 2))));
+  float* a = static_cast<float*>(aligned_alloc(64, ((M * Kp * 4 + 63) / 64) * 64));
+  const bool threads = M * N * K >= (int64_t{1} << 18);
+#pragma omp parallel if (threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t m0 = t * MR_MAX;
+      const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+      float* at = a + m0 * Kp;
+      for (int r = 0; r < mr; ++r) {
+        const T* xr = x + (m0 + r) * ldx;
+        for (int64_t k = 0; k < K; ++k) at[k * mr + r] = Elem<T>::load(xr[k]) * pre[k % PF];
+        for (int64_t k = K; k < Kp; ++k) at[k * mr + r] = 0.f;
+      }
+    }
+    alignas(64) float tile[MR_MAX * NR];
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t n0 = p * NR, cols = N - n0 < NR ? N - n0 : NR;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m0 = t * MR_MAX;
+        const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+        memset(tile, 0, sizeof(tile));
+        tile_fn<BITS>(mr)(a + m0 * Kp, packed + p * steps * NR, scales + p * groups * NR,
+                          zeros + p * groups * NR, groups, gsteps, tile);
+        for (int r = 0; r < mr; ++r) {
+          T* o = out + (m0 + r) * ldo + n0;
+          for (int64_t c = 0; c < cols; ++c) o[c] = Elem<T>::store(tile[r * NR + c]);
+        }
+      }
+    }
+  }
+  free(a);
+}
+
+inline void store_row(float* p, VF v, int64_t cols) {
+  if (cols == W) {
+    fstore(p, v);
+    return;
+  }
+  alignas(64) float t[W];
+  fstore(t, v);
+  for (int64_t c = 0; c < cols; ++c) p[c] = t[c];
+}
+inline void store_row(uint16_t* p, VF v, int64_t cols) {
+  if (cols == W) {
+    store_bf16(p, v);
+    return;
+  }
+  alignas(64) float t[W];
+  fstore(t, v);
+  for (int64_t c = 0; c < cols; ++c) p[c] = float_to_bf16(t[c]);
+}
+
+template <int BITS, typename T>
+void dequant_t(T* wt, const uint32_t* packed, const float* scales, const uint8_t* zeros,
+               int64_t N, int64_t K, int64_t G) {
+  constexpr int PF = 32 / BITS;
+  const int64_t groups = (K + G - 1) / G, gsteps = G / PF, steps = groups * gsteps;
+  const int64_t panels = (N + NR - 1) / NR;
+  const int64_t ksteps = (K + PF - 1) / PF;  // steps holding some k < K
+  const VI mask = iset1((1 << BITS) - 1);
+#pragma omp parallel for collapse(2) schedule(static) if (N * K >= (int64_t{1} << 16))
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t s = 0; s < ksteps; ++s) {
+      const int64_t g = s / gsteps, n0 = p * NR;
+      for (int c = 0; c < CH; ++c) {
+        const int64_t c0 = n0 + c * W;
+        if (c0 >= N) break;
+        const int64_t cols = N - c0 < W ? N - c0 : W;
+        const VI v = iload(packed + (p * steps + s) * NR + c * W);
+        const VI z = izeros(zeros + (p * groups + g) * NR + c * W);
+        const VF sc = fload(scales + (p * groups + g) * NR + c * W);
+        for (int j = 0; j < PF && s * PF + j < K; ++j)
+          store_row(wt + (s * PF + j) * N + c0, fmul(decode(v, j * BITS, mask, z), sc), cols);
+      }
+    }
+}
+
+void linear(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
+            const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
+            int64_t G, int64_t ldx, int64_t ldo) {
+  if (dt == DType::kFloat32) {
+    auto* o = static_cast<float*>(out);
+    auto* xi = static_cast<const float*>(x);
+    if (bits == 4) linear_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    else linear_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+  } else {
+    auto* o = static_cast<uint16_t*>(out);
+    auto* xi = static_cast<const uint16_t*>(x);
+    if (bits == 4) linear_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    else linear_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+  }
+}
+
+void dequant(DType dt, int bits, void* wt, const uint32_t* packed, const float* scales,
+             const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
+  if (dt == DType::kFloat32) {
+    auto* w = static_cast<float*>(wt);
+    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
+    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
+  } else {
+    auto* w = static_cast<uint16_t*>(wt);
+    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
+    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
+  }
+}
+
+const WNA16Table table = {ENGINE_STR(ENGINE_ISA), linear, dequant};
+
+}  // namespace
+
+const WNA16Table* ENGINE_CAT(wna16_, ENGINE_ISA)() { return &table; }
+
+}  // namespace engine_cpu

@@ -1,0 +1,115 @@
+// Torch-facing weight-only quantized linear ops (W4A16, W8A16): check every
+// argument, then call the wna16 kernels of the x86 code path in use (isa.cpp
+// picks it; wna16_impl.cpp holds one table per ISA). Elsewhere there is no
+// kernel and engine.ops runs engine.reference's.
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "../op_checks.h"
+#include "../ops.h"
+#include "wna16.h"
+#include "wna16_ops.h"
+
+namespace engine {
+namespace cpu {
+namespace {
+
+const engine_cpu::WNA16Table* wna16_table() {
+  const std::string name = isa();
+#ifdef ENGINE_HAS_AVX512_BF16
+  if (name == "avx512_bf16") return engine_cpu::wna16_avx512_bf16();
+#endif
+#ifdef ENGINE_HAS_AVX512
+  if (name == "avx512") return engine_cpu::wna16_avx512();
+#endif
+#ifdef ENGINE_HAS_AVX2
+  if (name == "avx2") return engine_cpu::wna16_avx2();
+#endif
+  return nullptr;
+}
+
+struct Packed {
+  int64_t N, K, groups;
+};
+
+// packed [ceil(N/16), groups * G / PF, 16] int32, scales [.., groups, 16]
+// float32, zeros [.., groups, 16] uint8, for N columns and K inputs.
+void check_packed(const char* op, const at::Tensor& packed, const at::Tensor& scales,
+                  const at::Tensor& zeros, int64_t bits, int64_t group_size, int64_t N, int64_t K) {
+  using engine_cpu::kPanel;
+  TORCH_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
+  const int64_t pf = 32 / bits;
+  TORCH_CHECK_VALUE(group_size > 0 && group_size % pf == 0, op, ": group_size must be a positive "
+                    "multiple of ", pf, " (values a 32-bit lane), got ", group_size);
+  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (K + group_size - 1) / group_size;
+  const int64_t steps = groups * group_size / pf;
+  auto is = [](const at::Tensor& t, at::ScalarType st, int64_t a, int64_t b) {
+    return t.scalar_type() == st && t.device().is_cpu() && t.dim() == 3 && t.size(0) == a &&
+           t.size(1) == b && t.size(2) == kPanel && t.is_contiguous();
+  };
+  TORCH_CHECK_VALUE(is(packed, at::kInt, panels, steps), op, ": packed_weight must be contiguous "
+                    "int32 [", panels, ", ", steps, ", ", kPanel, "] (engine.model_executor.layers."
+                    "quantization.wna16.pack_wna16), got ", packed.scalar_type(), " ", packed.sizes());
+  TORCH_CHECK_VALUE(is(scales, at::kFloat, panels, groups), op, ": scales must be contiguous "
+                    "float32 [", panels, ", ", groups, ", ", kPanel, "], got ",
+                    scales.scalar_type(), " ", scales.sizes());
+  TORCH_CHECK_VALUE(is(zeros, at::kByte, panels, groups), op, ": zeros must be contiguous uint8 [",
+                    panels, ", ", groups, ", ", kPanel, "], got ", zeros.scalar_type(), " ",
+                    zeros.sizes());
+}
+
+const engine_cpu::WNA16Table& table_or_fail(const char* op) {
+  const engine_cpu::WNA16Table* t = wna16_table();
+  TORCH_CHECK(t != nullptr, op, ": the ", isa(), " kernels have none; engine.ops runs "
+              "engine.reference's there");
+  return *t;
+}
+
+engine_cpu::DType kdt(at::ScalarType t) {
+  return t == at::kFloat ? engine_cpu::DType::kFloat32 : engine_cpu::DType::kBFloat16;
+}
+
+}  // namespace
+
+bool has_wna16_linear() { return wna16_table() != nullptr; }
+
+void wna16_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
+                  const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
+                  int64_t group_size) {
+  const char* op = "wna16_linear";
+  auto dt = checks::dtype_of(input, at::kCPU, op, "input");
+  checks::check_like(out, input, op, "out", "input");
+  TORCH_CHECK_VALUE(input.dim() == 2 && input.stride(1) == 1, op,
+                    ": input must be 2-D with a contiguous last dimension, got shape ",
+                    input.sizes(), " and strides ", input.strides());
+  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == input.size(0) && out.stride(1) == 1, op,
+                    ": out must be [", input.size(0), ", N] with a contiguous last dimension, "
+                    "got shape ", out.sizes());
+  const int64_t M = input.size(0), K = input.size(1), N = out.size(1);
+  check_packed(op, packed_weight, scales, zeros, bits, group_size, N, K);
+  const auto& t = table_or_fail(op);
+  if (M == 0 || N == 0) return;
+  t.linear(kdt(dt), static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
+           reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+           scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), M, N, K, group_size,
+           input.stride(0), out.stride(0));
+}
+
+void wna16_dequant(at::Tensor& out, const at::Tensor& packed_weight, const at::Tensor& scales,
+                   const at::Tensor& zeros, int64_t bits, int64_t group_size) {
+  const char* op = "wna16_dequant";
+  auto dt = checks::dtype_of(out, at::kCPU, op, "out");
+  TORCH_CHECK_VALUE(out.dim() == 2 && out.is_contiguous(), op,
+                    ": out must be contiguous [K, N], got shape ", out.sizes());
+  const int64_t K = out.size(0), N = out.size(1);
+  check_packed(op, packed_weight, scales, zeros, bits, group_size, N, K);
+  const auto& t = table_or_fail(op);
+  if (K == 0 || N == 0) return;
+  t.dequant(kdt(dt), static_cast<int>(bits), out.data_ptr(),
+            reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+            scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), N, K, group_size);
+}
+
+}  // namespace cpu
+}  // namespace engine

@@ -1,0 +1,99 @@
+"""Weight-only quantized linear layers (W4A16, W8A16): 4- or 8-bit weights
+with a float scale and an integer zero point per group of input channels,
+float (or bfloat16) activations. Every checkpoint format (wna16_formats)
+comes to one form, q [N, K] unsigned, zeros and scales [N, groups], and an
+optional input permutation (GPTQ's act-order), packed once for the kernels
+(engine.ops.wna16_linear, csrc/cpu/wna16.h). Few rows run the kernel, which
+reads the packed weight once a step; from LARGE_M rows (prefill) the weight
+is dequantised to a [K, N] panel and torch's GEMM multiplies it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine import ops
+from engine.platforms import cpu_hugepages
+
+PANEL = ops.PANEL
+#: rows from which a layer dequantises its weight and runs torch's GEMM: the
+#: kernel converts each weight once per 16 rows (AVX-512, 4 on AVX2), the
+#: GEMM once per call
+LARGE_M = 64
+
+
+def pack_wna16(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+               group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [N, K] unsigned values (< 2**bits), scales float [N, groups], zeros
+    [N, groups] (groups = ceil(K / group_size)) -> the kernel's (packed int32
+    [ceil(N/16), steps, 16], scales float32 and zeros uint8 [ceil(N/16), groups,
+    16]): lane c of step s holds column c's k = s * (32 / bits) + j at bits
+    j * bits; columns past N and k past K are zero."""
+    n, k = q.shape
+    pf = 32 // bits
+    groups = -(-k // group_size)
+    if scales.shape != (n, groups) or zeros.shape != (n, groups):
+        raise ValueError(f"scales and zeros must be [{n}, {groups}], got "
+                         f"{tuple(scales.shape)} and {tuple(zeros.shape)}")
+    panels, kp = -(-n // PANEL), groups * group_size
+    qp = torch.zeros(panels * PANEL, kp, dtype=torch.int64)
+    qp[:n, :k] = q
+    shifts = torch.arange(pf, dtype=torch.int64) * bits
+    lanes = (qp.view(panels, PANEL, kp // pf, pf) << shifts).sum(-1)  # < 2**32
+    lanes = torch.where(lanes >= 2 ** 31, lanes - 2 ** 32, lanes)
+    packed = cpu_hugepages.empty((panels, kp // pf, PANEL), torch.int32)  # streamed every step
+    packed.copy_(lanes.permute(0, 2, 1))
+
+    def per_panel(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.zeros(panels * PANEL, groups, dtype=dtype)
+        out[:n] = t
+        return out.view(panels, PANEL, groups).permute(0, 2, 1).contiguous()
+
+    return packed, per_panel(scales.float(), torch.float32), per_panel(zeros, torch.uint8)
+
+
+@dataclass(frozen=True)
+class WNA16:
+    """A layer's scheme: bits (4 or 8), group_size (None: one group of all K,
+    per channel) and whether the zero point is stored (else 2**(bits-1)). The
+    weights are read and packed by wna16_formats.load, not by the engine's
+    loader."""
+    bits: int
+    group_size: int | None
+    symmetric: bool = True
+
+    def create_weights(self, layer: nn.Module) -> None:
+        layer.in_features, layer.out_features = layer.weight.shape[1], layer.weight.shape[0]
+        del layer.weight  # the float placeholder: the loader reads no .weight for this layer
+        layer.weight = None
+        layer.quant_method = self
+
+    def set_weights(self, layer: nn.Module, q: torch.Tensor, scales: torch.Tensor,
+                    zeros: torch.Tensor, perm: torch.Tensor | None, group_size: int) -> None:
+        """The layer's weight in the one form, packed; perm: the order in which
+        the kernel reads the input's columns (act-order), None for as they are."""
+        layer.wna16 = pack_wna16(q, scales, zeros, self.bits, group_size)
+        layer.wna16_group = group_size
+        layer.wna16_perm = perm
+
+    def process_weights(self, layer: nn.Module) -> None:
+        """Nothing left to lay out: set_weights packed the weight."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        if layer.wna16_perm is not None:
+            x2 = x2.index_select(1, layer.wna16_perm)
+        elif x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        packed, scales, zeros = layer.wna16
+        if x2.shape[0] >= LARGE_M:
+            wt = x2.new_empty(layer.in_features, layer.out_features)
+            ops.wna16_dequant(wt, packed, scales, zeros, self.bits, layer.wna16_group)
+            out = torch.mm(x2, wt)
+        else:
+            out = x2.new_empty(x2.shape[0], layer.out_features)
+            ops.wna16_linear(out, x2, packed, scales, zeros, self.bits, layer.wna16_group)
+        if layer.bias is not None:
+            out += layer.bias
+        return out.view(*x.shape[:-1], layer.out_features)

@@ -1,0 +1,185 @@
+"""Weight-only 4/8-bit checkpoints in the layouts upstream vLLM loads, read
+into wna16's one form (q [N, K] unsigned, scales and zeros [N, groups], the
+group of each input channel) and packed for the kernel at load:
+
+- compressed-tensors pack-quantized: weight_packed int32 [N, ceil(K/pf)], q + 2**(bits-1)
+  along K, value i of each int32 at bits i*bits (pf = 32/bits); weight_scale
+  [N, groups]; weight_zero_point int32 [ceil(N/pf), groups] packed so along N
+  (asymmetric only, else 0); weight_shape [N, K]; weight_g_idx [K] (actorder);
+- GPTQ: qweight int32 [K/pf, N] packed along K; scales [groups, N]; qzeros
+  int32 [groups, N/pf] packed along N, holding zero - 1 (zero itself with
+  checkpoint_format gptq_v2), ignored for symmetric ones (zero 2**(bits-1));
+  g_idx [K] (desc_act: any order);
+- AWQ (GEMM): qweight int32 [K, N/8] packed along N in the order 0 2 4 6 1 3 5 7;
+  qzeros int32 [groups, N/8] alike, the zero itself; scales [groups, N].
+
+An input-channel order other than k // group_size (act-order) becomes a
+permutation the layer applies to its input, the weight's columns sorted by
+group. The engine's loader then skips these tensors (skipped_checkpoint_keys)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+#: AWQ's GEMM packing: value i of an int32 is column AWQ_ORDER[i] of its 8
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+_AWQ_REVERSE = tuple(AWQ_ORDER.index(j) for j in range(8))  # column j is value _AWQ_REVERSE[j]
+
+
+class Reader:
+    """The checkpoint's tensors by name, across its safetensors files."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.files, self.where = [], {}
+        for file in sorted(Path(path).glob("*.safetensors")):
+            f = safe_open(file, "pt")
+            self.files.append(f)
+            for key in f.keys():
+                self.where[key] = f
+        self.read: set[str] = set()
+
+    def has(self, key: str) -> bool:
+        return key in self.where
+
+    def get(self, key: str) -> torch.Tensor:
+        if key not in self.where:
+            raise ValueError(f"the checkpoint lacks {key} (config.json's quantization_config "
+                             "asks for it); the download may be incomplete")
+        self.read.add(key)
+        return self.where[key].get_tensor(key)
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int, order=None) -> torch.Tensor:
+    """int32 [R, C] -> int32 values, 32/bits each along `dim` ([R, C*pf] or
+    [R*pf, C]): value i at bits i*bits, unsigned; order[j]: the value that is
+    element j (AWQ's), else value i is element i."""
+    if packed.dtype != torch.int32 or packed.dim() != 2:
+        raise ValueError(f"a packed tensor must be 2-D int32, got {packed.dtype} "
+                         f"{tuple(packed.shape)}")
+    pf = 32 // bits
+    shifts = torch.arange(pf, dtype=torch.int32) * bits
+    v = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    if order is not None:
+        v = v[..., list(order)]
+    r, c = packed.shape
+    return v.reshape(r, c * pf) if dim == 1 else v.permute(0, 2, 1).reshape(r * pf, c)
+
+
+def _check(name: str, what: str, t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}.{what} has shape {tuple(t.shape)}, the model expects "
+                         f"{tuple(shape)}")
+    return t
+
+
+def read_compressed_tensors(r: Reader, name: str, bits: int, group_size: int | None,
+                            symmetric: bool, k: int) -> dict:
+    n, k_ckpt = (int(v) for v in r.get(f"{name}.weight_shape").tolist())
+    if k_ckpt != k:
+        raise ValueError(f"{name}.weight_shape says {k_ckpt} inputs, the model expects {k}")
+    group = group_size or k
+    groups, pf = -(-k // group), 32 // bits
+    packed = _check(name, "weight_packed", r.get(f"{name}.weight_packed"), (n, -(-k // pf)))
+    q = unpack_int32(packed, bits, 1)[:, :k]
+    scales = _check(name, "weight_scale", r.get(f"{name}.weight_scale"), (n, groups))
+    if symmetric:
+        zeros = torch.full((n, groups), 1 << (bits - 1), dtype=torch.int32)
+    else:
+        zp = _check(name, "weight_zero_point", r.get(f"{name}.weight_zero_point"),
+                    (-(-n // pf), groups))
+        zeros = unpack_int32(zp, bits, 0)[:n]  # zero + 2**(bits-1), as q
+    g_idx = r.get(f"{name}.weight_g_idx") if r.has(f"{name}.weight_g_idx") else None
+    return dict(q=q, scales=scales, zeros=zeros, g_idx=g_idx, group=group)
+
+
+def read_gptq(r: Reader, name: str, bits: int, group_size: int, symmetric: bool,
+              zero_offset: int, k: int) -> dict:
+    pf = 32 // bits
+    qweight = r.get(f"{name}.qweight")
+    n = qweight.shape[1]
+    group = k if group_size == -1 else group_size
+    groups = -(-k // group)
+    q = unpack_int32(_check(name, "qweight", qweight, (-(-k // pf), n)), bits, 0)[:k].T
+    scales = _check(name, "scales", r.get(f"{name}.scales"), (groups, n)).T
+    if symmetric:  # as vLLM: the stored zeros are not read
+        zeros = torch.full((n, groups), 1 << (bits - 1), dtype=torch.int32)
+        if r.has(f"{name}.qzeros"):
+            r.read.add(f"{name}.qzeros")
+    else:
+        qz = _check(name, "qzeros", r.get(f"{name}.qzeros"), (groups, -(-n // pf)))
+        zeros = unpack_int32(qz, bits, 1)[:, :n].T + zero_offset
+    g_idx = r.get(f"{name}.g_idx") if r.has(f"{name}.g_idx") else None
+    return dict(q=q, scales=scales, zeros=zeros, g_idx=g_idx, group=group)
+
+
+def read_awq(r: Reader, name: str, group_size: int, zero_point: bool, k: int) -> dict:
+    qweight = r.get(f"{name}.qweight")
+    n = qweight.shape[1] * 8
+    group = k if group_size == -1 else group_size
+    groups = -(-k // group)
+    q = unpack_int32(_check(name, "qweight", qweight, (k, n // 8)), 4, 1, _AWQ_REVERSE).T
+    scales = _check(name, "scales", r.get(f"{name}.scales"), (groups, n)).T
+    if zero_point:
+        qz = _check(name, "qzeros", r.get(f"{name}.qzeros"), (groups, n // 8))
+        zeros = unpack_int32(qz, 4, 1, _AWQ_REVERSE).T
+    else:  # AutoAWQ's GEMM layers hold a qzeros buffer even so: not read
+        zeros = torch.full((n, groups), 8, dtype=torch.int32)
+        if r.has(f"{name}.qzeros"):
+            r.read.add(f"{name}.qzeros")
+    return dict(q=q, scales=scales, zeros=zeros, g_idx=None, group=group)
+
+
+def _input_order(name: str, g_idx: torch.Tensor | None, k: int, group: int):
+    """None when input channel k is in group k // group; else the order that
+    sorts the channels by group, checked to give every group its size."""
+    if g_idx is None:
+        return None
+    g_idx = g_idx.long().reshape(-1)
+    if g_idx.numel() != k:
+        raise ValueError(f"{name}.g_idx has {g_idx.numel()} entries, the layer {k} inputs")
+    if torch.equal(g_idx, torch.arange(k) // group):
+        return None
+    groups = -(-k // group)
+    want = torch.tensor([min(group, k - g * group) for g in range(groups)])
+    if g_idx.min() < 0 or g_idx.max() >= groups or not torch.equal(
+            torch.bincount(g_idx, minlength=groups), want):
+        raise ValueError(f"{name}.g_idx does not put {group} input channels in each group; "
+                         "this engine runs act-order checkpoints with whole groups only")
+    return torch.sort(g_idx, stable=True).indices
+
+
+def load(path: Path, config, layers: list) -> set[str]:
+    """Read, repack and set the weights of `layers` ((module, checkpoint names
+    of its fused parts, WNA16 method) each) with config.read_layer; returns the
+    checkpoint keys read, for the engine's loader to skip."""
+    r = Reader(path)
+    for module, names, method in layers:
+        k = module.in_features
+        parts = [config.read_layer(r, n, method, k) for n in names]
+        first = parts[0]
+        orders = {None if p["g_idx"] is None else tuple(p["g_idx"].tolist()) for p in parts}
+        if len(orders) > 1:
+            raise ValueError(f"{', '.join(names)} are fused into one layer here but their g_idx "
+                             "(act-order) differ; this engine needs them alike")
+        q = torch.cat([p["q"] for p in parts])
+        zeros = torch.cat([p["zeros"] for p in parts])
+        scales = torch.cat([p["scales"].float() for p in parts])
+        if q.shape[0] != module.out_features:
+            raise ValueError(f"{', '.join(names)}: {q.shape[0]} output channels in the "
+                             f"checkpoint, the model expects {module.out_features}")
+        if zeros.max() > 255:
+            raise ValueError(f"{names[0]}: a zero point of {int(zeros.max())} (GPTQ's "
+                             "zero - 1 of 0?) does not fit 8 bits")
+        perm = _input_order(names[0], first["g_idx"], k, first["group"])
+        if perm is not None:
+            q = q[:, perm]
+        pf = 32 // method.bits
+        group = -(-first["group"] // pf) * pf if first["group"] >= k else first["group"]
+        if group % pf:
+            raise ValueError(f"{names[0]}: group size {group} is not a multiple of {pf}; "
+                             f"{method.bits}-bit groups of 32, 64, 128 ... or per channel run")
+        method.set_weights(module, q, scales, zeros.to(torch.uint8), perm, group)
+    return r.read

@@ -1,0 +1,113 @@
+"""The weight-only quantized kernels (W4A16, W8A16: wna16_linear for few rows,
+wna16_dequant for the large-M panel) against engine.reference's on every
+compiled CPU code path this CPU can run (avx512_bf16, avx512, avx2)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ops import _isas
+
+from engine import ops, reference
+from engine.model_executor.layers.quantization.wna16 import LARGE_M, WNA16, pack_wna16
+
+pytestmark = pytest.mark.skipif(not ops.has_wna16_linear(),
+                                reason="no wna16 kernel in this build / on this CPU")
+
+
+@pytest.fixture(params=_isas(), autouse=True)
+def isa(request):
+    assert ops.select_cpu_isa(request.param) == request.param
+    yield request.param
+    ops.select_cpu_isa("auto")
+
+
+def _case(n, k, bits, group, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    groups = -(-k // group)
+    q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    zeros = torch.randint(0, 1 << bits, (n, groups), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, groups, generator=g) * 0.02 + 1e-3
+    return q, scales, zeros
+
+
+def _dense(q, scales, zeros, group):
+    g = torch.arange(q.shape[1]) // group
+    return (q.int() - zeros.int()[:, g]).float() * scales[:, g]
+
+
+# group sizes 32/64/128 and per channel (one group of K rounded up to a lane),
+# k not a multiple of the group, columns past a panel, rows across the tiles
+# (16 AVX-512, 4 AVX2)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m,n,k,group", [(1, 16, 128, 32), (1, 50, 256, 64), (3, 33, 130, 32),
+                                         (4, 64, 256, 128), (16, 40, 96, 32), (17, 24, 64, 64),
+                                         (5, 48, 200, 200), (40, 20, 72, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wna16_linear_matches_reference(bits, m, n, k, group, dtype):
+    group = -(-group // (32 // bits)) * (32 // bits)
+    q, scales, zeros = _case(n, k, bits, group)
+    packed, s, z = pack_wna16(q, scales, zeros, bits, group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out, ref = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
+    ops.wna16_linear(out, x, packed, s, z, bits, group)
+    reference.wna16_linear(ref, x, packed, s, z, bits, group)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=1.6e-2)
+    torch.testing.assert_close(out, ref, **tol)
+    # and the reference is the dense fake-quant product
+    dense = x.float() @ _dense(q, scales, zeros, group).T
+    torch.testing.assert_close(ref.float(), dense.to(dtype).float(), **tol)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wna16_dequant_is_the_reference_bit_for_bit(bits, dtype):
+    n, k, group = 37, 160, 32
+    q, scales, zeros = _case(n, k, bits, group, seed=2)
+    packed, s, z = pack_wna16(q, scales, zeros, bits, group)
+    out, ref = torch.empty(k, n, dtype=dtype), torch.empty(k, n, dtype=dtype)
+    ops.wna16_dequant(out, packed, s, z, bits, group)
+    reference.wna16_dequant(ref, packed, s, z, bits, group)
+    assert torch.equal(out, ref)
+    assert torch.equal(ref, _dense(q, scales, zeros, group).T.to(dtype))
+
+
+def test_pack_wna16_round_trips():
+    q, scales, zeros = _case(21, 72, 4, 32, seed=3)
+    packed, s, z = pack_wna16(q, scales, zeros, 4, 32)
+    assert packed.shape == (2, 96 // 8, 16) and s.shape == z.shape == (2, 3, 16)
+    assert torch.equal(reference.unpack_wna16(packed, s, z, 4, 32, 21, 72),
+                       _dense(q, scales, zeros, 32))
+    # lane order: column 0's first 8 k, k0 in the low nibble
+    want = sum(int(q[0, j]) << (4 * j) for j in range(8))
+    assert packed[0, 0, 0].item() & 0xFFFFFFFF == want
+
+
+@pytest.mark.parametrize("rows", [1, LARGE_M])
+def test_layer_runs_the_kernel_and_the_large_m_panel_alike(rows):
+    """The method's two paths (kernel below LARGE_M rows, dequantised panel
+    and torch's GEMM from there) and the act-order input permutation."""
+    from torch import nn
+
+    n, k, group = 40, 128, 32
+    q, scales, zeros = _case(n, k, 4, group, seed=4)
+    layer = nn.Module()
+    layer.weight, layer.bias = torch.empty(n, k), torch.randn(n)
+    method = WNA16(4, group)
+    method.create_weights(layer)
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(5))
+    method.set_weights(layer, q, scales, zeros, perm, group)
+    x = torch.randn(rows, k)
+    want = x[:, perm] @ _dense(q, scales, zeros, group).T + layer.bias
+    torch.testing.assert_close(method.apply(layer, x), want, atol=1e-4, rtol=1e-4)
+
+
+def test_wna16_linear_rejects_a_misshapen_weight():
+    q, scales, zeros = _case(32, 64, 4, 32)
+    packed, s, z = pack_wna16(q, scales, zeros, 4, 32)
+    x, out = torch.randn(2, 64), torch.empty(2, 32)
+    with pytest.raises(ValueError, match="packed_weight must be contiguous int32"):
+        torch.ops._C.wna16_linear(out, x, packed[:, :4].contiguous(), s, z, 4, 32)
+    with pytest.raises(ValueError, match="zeros must be contiguous uint8"):
+        torch.ops._C.wna16_linear(out, x, packed, s, z.int(), 4, 32)
+    with pytest.raises(ValueError, match="group_size must be a positive multiple of 8"):
+        torch.ops._C.wna16_linear(out, x, packed, s, z, 4, 12)

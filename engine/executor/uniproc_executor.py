@@ -47,8 +47,7 @@ def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
     platform = current_platform()
     device = platform.device()
     model = model_class(config.model.architecture)(config.model, config.dtype).to(device)
-    quantization.apply(model, config.path)
-    load_weights(model, config.path)
+    load_weights(model, config.path, already_read=quantization.apply(model, config.path))
     model.eval()
     linear_mode = PLAIN
     if platform.device_type == "cpu":

@@ -78,20 +78,24 @@ def _read_into(f, name: str, key: str, info: dict, dest: torch.Tensor) -> None:
         dest.copy_(target)
 
 
-def load_weights(model: torch.nn.Module, path: Path) -> None:
+def load_weights(model: torch.nn.Module, path: Path,
+                 already_read: set[str] = frozenset()) -> None:
     """Read every tensor of the checkpoint into the model; refuse, in one line
     naming the tensor, one the model does not know, one whose shape does not
     fit, and a parameter (or one part of a fused one) the checkpoint lacks.
 
     The model names what it reads: checkpoint_map() gives each checkpoint
     tensor's (parameter, part) -- part None for a whole parameter, else the
-    index into the parameter's `shard_sizes` rows (fused q/k/v, gate/up)."""
+    index into the parameter's `shard_sizes` rows (fused q/k/v, gate/up).
+    already_read: tensors something else has read (weight-only quantized
+    layers: engine.model_executor.layers.quantization.apply), left alone."""
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
     params = dict(model.named_parameters())
-    mapping = _with_quant_tensors(model.checkpoint_map(), params)
-    skip = set(getattr(model, "skipped_checkpoint_keys", lambda: ())())
+    mapping = {k: v for k, v in _with_quant_tensors(model.checkpoint_map(), params).items()
+               if k not in already_read}
+    skip = set(getattr(model, "skipped_checkpoint_keys", lambda: ())()) | set(already_read)
     loaded: dict[str, set] = {}
     with torch.no_grad():
         for file in files:

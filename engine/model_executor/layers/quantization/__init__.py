@@ -53,12 +53,13 @@ def checkpoint_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
     return {layer: tuple(k for _, k in sorted(ks)) for layer, ks in parts.items()}
 
 
-def apply(model: nn.Module, path: Path) -> None:
+def apply(model: nn.Module, path: Path) -> set[str]:
     """Give every quantized linear layer of `model` its method (no-op for a
-    float checkpoint); read and pack the weight-only ones."""
+    float checkpoint); read and pack the weight-only ones. Returns the
+    checkpoint tensors read here, which the loader leaves alone."""
     config = config_for(path)
     if config is None:
-        return
+        return set()
     names = checkpoint_names(model)
     wna16 = []
     for name, module in model.named_modules():
@@ -69,20 +70,15 @@ def apply(model: nn.Module, path: Path) -> None:
                 method.create_weights(module)
                 if isinstance(method, WNA16):
                     wna16.append((module, names[name], method))
-    if wna16:
-        _load_wna16(model, path, config, wna16)
+    return _load_wna16(model, path, config, wna16) if wna16 else set()
 
 
-def _load_wna16(model: nn.Module, path: Path, config, layers: list) -> None:
+def _load_wna16(model: nn.Module, path: Path, config, layers: list) -> set[str]:
     from engine.distributed.parallel_state import tp_size
 
     if tp_size() > 1:
         raise ValueError(f"{path}: weight-only quantized checkpoints run with "
                          "tensor_parallel_size 1 for now")
     read = wna16_formats.load(path, config, layers)
-    # the engine's loader reads the rest: not these layers' .weight, none of their tensors
-    dropped = {f"{n}.weight" for _, names, _ in layers for n in names}
-    full_map, skipped = model.checkpoint_map, getattr(model, "skipped_checkpoint_keys",
-                                                      lambda: ())
-    model.checkpoint_map = lambda: {k: v for k, v in full_map().items() if k not in dropped}
-    model.skipped_checkpoint_keys = lambda: (*skipped(), *sorted(read))
+    # the engine's loader reads the rest: neither these layers' .weight nor their tensors
+    return {f"{n}.weight" for _, names, _ in layers for n in names} | set(read)

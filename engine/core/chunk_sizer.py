@@ -6,11 +6,11 @@ stream) much longer than that. The engine steps inside the server's event loop
 Offline generation keeps the whole token budget."""
 from __future__ import annotations
 
-STEP_TARGET_S = 0.15
+STEP_TARGET_S = 0.1
 # Below this many tokens a chunk's fixed costs (every weight read once per
 # step, the step's Python) would dominate its time.
 MIN_TOKENS = 128
-START_TOKENS = 512  # before the first measurement
+START_TOKENS = 256  # before the first measurement
 
 
 class PromptChunkSizer:

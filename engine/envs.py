@@ -193,6 +193,21 @@ def api_key(env: Mapping[str, str] | None = None) -> str | None:
     return _env(env).get("VLLM_API_KEY", "").strip() or None
 
 
+CLIENT_KEY_VARIABLES = ("VLLM_API_KEY", "OPENAI_API_KEY")
+
+
+def client_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The key `engine chat` / `engine complete` send when --api-key is not given:
+    VLLM_API_KEY (the one `engine serve` reads, so one export serves both), else
+    OPENAI_API_KEY (what the openai client and upstream's `vllm chat` read)."""
+    env = _env(env)
+    for name in CLIENT_KEY_VARIABLES:
+        value = env.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
 def ray_address(env: Mapping[str, str] | None = None) -> str | None:
     """RAY_ADDRESS: the Ray cluster (host:port) distributed_executor_backend="ray"
     places ranks on; unset: the cluster Ray finds on this machine, or a new one."""

@@ -4,6 +4,7 @@ a malformed JSON body, a body without its Content-Type, a model id that is not t
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import types
@@ -105,3 +106,47 @@ def test_gpu_memory_utilization_only_when_given():
     p = argparse.ArgumentParser()
     cli.parallel_args(p)
     assert p.parse_args(["--gpu-memory-utilization", "0.7"]).gpu_memory_utilization == 0.7
+
+
+def _checkpoint(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
+        (model / name).write_text("{}")
+    return model
+
+
+def test_a_model_file_it_cannot_read_is_one_line_naming_it_and_the_fix(monkeypatch, tmp_path):
+    """save_pretrained leaves files 0600; a container's user is not their owner. The
+    kernel's answer is faked where the tests run as root (root reads every file)."""
+    from engine import model_source
+
+    model = _checkpoint(tmp_path)
+    (model / "model.safetensors").chmod(0o600)
+    (model / "README.md").chmod(0o000)  # the engine never opens it: not checked
+    real_access = os.access
+    unreadable = {str(model / "model.safetensors"), str(model / "README.md")}
+    monkeypatch.setattr(model_source.os, "access",
+                        lambda p, mode: str(p) not in unreadable and real_access(p, mode))
+    with pytest.raises(ValueError) as exc:
+        model_source.resolve_model(model)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"cannot read the model file {model / 'model.safetensors'} "
+                          f"(mode 0600, owner uid {os.getuid()}) as uid {os.getuid()}: ")
+    assert "chmod -R a+rX" in msg and "--user $(id -u):$(id -g)" in msg
+    unreadable.discard(str(model / "model.safetensors"))
+    assert model_source.resolve_model(model) == model
+    unreadable.add(str(model))
+    with pytest.raises(ValueError, match=r"cannot read the model folder .*model \(mode 0"):
+        model_source.resolve_model(model)
+
+
+@pytest.mark.skipif(os.getuid() == 0, reason="root reads every file")
+def test_an_unreadable_model_file_for_real(tmp_path):
+    from engine.model_source import resolve_model
+
+    model = _checkpoint(tmp_path)
+    (model / "config.json").chmod(0)
+    with pytest.raises(ValueError, match="cannot read the model file .*config.json"):
+        resolve_model(model)

@@ -4,24 +4,32 @@ for one hidden state up to a batch of them, and decode
 tok/s of -tp 2 (one core per rank) against one rank with two threads, at 1
 and 16 requests, on the small random Llama of benchmarks/models.py.
 
-    python -m benchmarks.parallel [--size small] [--output-len 64]
+    python benchmarks/parallel.py [--size small] [--output-len 64] [--check] [--record]
 
-On a 2-core machine the point is overhead, not speed-up; other processes on
-the machine make every figure noisy."""
+On a 2-core machine the point is overhead, not speed-up: target (--check)
+-tp 2 >= 0.85x one rank at 16 requests. Other processes on the machine make
+every figure noisy."""
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# Run as a script, this folder would come first on the import path, and its
+# bisect.py would shadow the standard library's; the repository root goes there.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from benchmarks.common import Targets, add_check_argument  # noqa: E402
 from benchmarks.models import MODEL_SIZES, make_model, prompt_ids  # noqa: E402
+
+REPO = Path(_HERE).parent
+TP2_TARGET = 0.85  # -tp 2 vs one rank at 16 requests
 
 ALLREDUCE = """
 import os, sys, time, torch, torch.distributed as td
@@ -88,7 +96,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="small", choices=sorted(MODEL_SIZES))
     ap.add_argument("--output-len", type=int, default=64)
+    add_check_argument(ap)
     args = ap.parse_args()
+    targets = Targets()
     hidden = MODEL_SIZES[args.size]["hidden"]
     print(f"all-reduce, 2 ranks (one CPU each), float32 (hidden {hidden}): gloo on 127.0.0.1 "
           "vs shared memory")
@@ -96,6 +106,7 @@ def main() -> int:
         print(f"  {n:>9} floats ({n // hidden:>3} tokens): gloo {gloo * 1e6:9.1f} us "
               f"{n * 4 / gloo / 1e9:6.2f} GB/s | shm {shm * 1e6:9.1f} us "
               f"{n * 4 / shm / 1e9:6.2f} GB/s = {gloo / shm:5.1f}x")
+        targets.record(f"all-reduce of {n} floats: shared memory vs gloo", gloo / shm, 1.0)
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(Path(tmp) / args.size, args.size)
         for n in (1, 16):
@@ -103,7 +114,10 @@ def main() -> int:
             two = decode(path, 2, n, args.output_len)
             print(f"decode {n:>2} request(s): -tp 1 (2 threads) {one:7.1f} tok/s, -tp 2 "
                   f"(1 core/rank) {two:7.1f} tok/s = {two / one:.2f}x")
-    return 0
+            if n == 16:
+                targets.record("decode 16 requests: -tp 2 vs one rank", two / one, TP2_TARGET)
+    return targets.finish(args.check, record_as=f"parallel --size {args.size}"
+                          if args.record else None)
 
 
 if __name__ == "__main__":

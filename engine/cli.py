@@ -151,7 +151,8 @@ def _client_parser(sub, name: str, help: str) -> None:
     c.add_argument("--url", default="http://localhost:8000/v1",
                    help="the server's API base (default http://localhost:8000/v1)")
     c.add_argument("--model-name", default=None, help="default: the server's first model")
-    c.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY or none")
+    c.add_argument("--api-key", default=None,
+                   help="default: $VLLM_API_KEY, else $OPENAI_API_KEY, else none")
     c.add_argument("--max-tokens", type=int, default=None)
     c.add_argument("-q", "--quick", metavar="TEXT", default=None,
                    help="send one message/prompt, print the answer, exit")

@@ -146,6 +146,23 @@ def parse_cpu_list(text: str, name: str) -> list[int]:
     return cpus
 
 
+def format_cpu_list(cpus) -> str:
+    """[0, 1, 2, 3, 8, 10, 11] -> '0-3,8,10-11': the inverse of parse_cpu_list, so a
+    message names 98 CPUs as '2-99', not one by one."""
+    parts: list[str] = []
+    run: list[int] = []
+    for cpu in sorted(set(cpus)):
+        if run and cpu == run[-1] + 1:
+            run.append(cpu)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [cpu]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
 def omp_threads_bind(env: Mapping[str, str] | None = None) -> str | list[list[int]]:
     """VLLM_CPU_OMP_THREADS_BIND: `auto` (default), `nobind`, a CPU list
     (`0-31`), or one list per rank separated by `|` (`0-31|32-63`)."""
@@ -158,7 +175,7 @@ def omp_threads_bind(env: Mapping[str, str] | None = None) -> str | list[list[in
     for cpus in lists:
         if seen & set(cpus):
             raise EnvError(f"VLLM_CPU_OMP_THREADS_BIND={raw!r}: ranks share CPUs "
-                           f"{sorted(seen & set(cpus))}")
+                           f"{format_cpu_list(seen & set(cpus))}")
         seen |= set(cpus)
     return lists
 
@@ -191,6 +208,21 @@ def sysfs_root(env: Mapping[str, str] | None = None) -> str:
 def api_key(env: Mapping[str, str] | None = None) -> str | None:
     """VLLM_API_KEY: the key `engine serve` requires on /v1 when --api-key is not given."""
     return _env(env).get("VLLM_API_KEY", "").strip() or None
+
+
+CLIENT_KEY_VARIABLES = ("VLLM_API_KEY", "OPENAI_API_KEY")
+
+
+def client_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The key `engine chat` / `engine complete` send when --api-key is not given:
+    VLLM_API_KEY (the one `engine serve` reads, so one export serves both), else
+    OPENAI_API_KEY (what the openai client and upstream's `vllm chat` read)."""
+    env = _env(env)
+    for name in CLIENT_KEY_VARIABLES:
+        value = env.get(name, "").strip()
+        if value:
+            return value
+    return None
 
 
 def ray_address(env: Mapping[str, str] | None = None) -> str | None:

@@ -3,8 +3,10 @@
 (HF_HUB_OFFLINE=1 uses the cache alone)."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
+import stat
 from pathlib import Path
 
 # What the engine reads from a checkpoint; nothing else is downloaded.
@@ -15,7 +17,7 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 def resolve_model(model: str | os.PathLike) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
-        return path
+        return check_readable(path)
     text = str(model)
     if isinstance(model, os.PathLike) or text.startswith(("/", ".", "~")) or \
             not _REPO_ID.match(text) or text.count("/") != 1:
@@ -32,7 +34,7 @@ def _from_hub(repo_id: str) -> Path:
                          "installed to look it up as a Hugging Face id") from None
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS,
+        path = Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS,
                                       local_files_only=offline))
     except Exception as exc:  # hub errors are many classes; each becomes one line
         how = ("it is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading"
@@ -41,3 +43,28 @@ def _from_hub(repo_id: str) -> Path:
         raise ValueError(f"model {repo_id!r}: {how}; download it where the Hub is reachable "
                          f"(`hf download {repo_id}`) or give a checkpoint "
                          "folder") from None
+    return check_readable(path)
+
+
+def check_readable(folder: Path) -> Path:
+    """folder, once it and every file the engine will open in it can be read; else
+    one line naming the first that cannot, its owner, the uid the engine runs as,
+    and the fix (a container's user is not the files' owner; save_pretrained
+    leaves files 0600)."""
+    _must_read(folder, os.R_OK | os.X_OK)
+    for p in sorted(folder.iterdir()):
+        if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in ALLOW_PATTERNS):
+            _must_read(p, os.R_OK)
+    return folder
+
+
+def _must_read(path: Path, mode: int) -> None:
+    if os.access(path, mode):
+        return
+    st = path.stat()
+    what = "folder" if stat.S_ISDIR(st.st_mode) else "file"
+    raise ValueError(
+        f"cannot read the model {what} {path} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid "
+        f"{st.st_uid}) as uid {os.getuid()}: make it readable (chmod -R a+rX on the model "
+        "folder, on the host when it is mounted) or run as its owner "
+        "(docker run --user $(id -u):$(id -g))")

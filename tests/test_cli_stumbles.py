@@ -1,8 +1,10 @@
 """Small things a user runs into first: `engine --version`, `engine env | head -1`,
-a malformed JSON body, a model id that is not there, --gpu-memory-utilization."""
+a malformed JSON body, a body without its Content-Type, a model id that is not there,
+--gpu-memory-utilization."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import types
@@ -33,15 +35,19 @@ def test_engine_env_into_head_exits_quietly():
     assert first.startswith(b"vllm_engine") and "BrokenPipeError" not in err and not err.strip()
 
 
-def test_malformed_json_names_no_field():
+def _app(api_key=None):
     from fastapi.testclient import TestClient
 
     from engine.entrypoints.openai.api_server import build_app
 
     core = types.SimpleNamespace(tokenizer=None, config=types.SimpleNamespace(vocab_size=8))
-    state = types.SimpleNamespace(api_key=None, llm=types.SimpleNamespace(core=core),
+    state = types.SimpleNamespace(api_key=api_key, llm=types.SimpleNamespace(core=core),
                                   metrics=None, model_names=["m"])
-    client = TestClient(build_app(state))
+    return TestClient(build_app(state))
+
+
+def test_malformed_json_names_no_field():
+    client = _app()
     r = client.post("/v1/completions", content=b'{"prompt": "a", "max_tokens": }',
                     headers={"Content-Type": "application/json"})
     assert r.status_code == 400
@@ -49,6 +55,36 @@ def test_malformed_json_names_no_field():
     assert err["param"] is None
     assert err["message"].startswith("the request body is not valid JSON: ")
     assert "at byte" in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize",
+                                  "/detokenize"])
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "text/plain"])
+def test_a_body_without_json_content_type_names_the_header(path, content_type):
+    """As upstream's validate_json_request: a 400 (OpenAI-shaped) naming the header,
+    where pydantic would say 'Input should be a valid dictionary'."""
+    headers = {"Content-Type": content_type} if content_type else {}
+    r = _app().post(path, content=b'{"prompt": "a", "max_tokens": 2}', headers=headers)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and err["code"] == 400 and err["param"] is None
+    assert "'Content-Type: application/json'" in err["message"]
+    assert (repr(content_type) if content_type else "none was sent") in err["message"]
+    assert "dictionary" not in err["message"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "Application/JSON; charset=utf-8"])
+def test_json_content_type_passes_to_the_body_checks(content_type):
+    r = _app().post("/v1/completions", content=b'{"prompt": "a", "max_tokens": "x"}',
+                    headers={"Content-Type": content_type})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_the_key_is_checked_before_the_content_type():
+    r = _app(api_key="k").post("/v1/completions", content=b"{}",
+                               headers={"Content-Type": "text/plain"})
+    assert r.status_code == 401, r.text
 
 
 def test_a_model_id_not_in_the_cache_names_the_hf_command(monkeypatch, tmp_path):
@@ -70,3 +106,47 @@ def test_gpu_memory_utilization_only_when_given():
     p = argparse.ArgumentParser()
     cli.parallel_args(p)
     assert p.parse_args(["--gpu-memory-utilization", "0.7"]).gpu_memory_utilization == 0.7
+
+
+def _checkpoint(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
+        (model / name).write_text("{}")
+    return model
+
+
+def test_a_model_file_it_cannot_read_is_one_line_naming_it_and_the_fix(monkeypatch, tmp_path):
+    """save_pretrained leaves files 0600; a container's user is not their owner. The
+    kernel's answer is faked where the tests run as root (root reads every file)."""
+    from engine import model_source
+
+    model = _checkpoint(tmp_path)
+    (model / "model.safetensors").chmod(0o600)
+    (model / "README.md").chmod(0o000)  # the engine never opens it: not checked
+    real_access = os.access
+    unreadable = {str(model / "model.safetensors"), str(model / "README.md")}
+    monkeypatch.setattr(model_source.os, "access",
+                        lambda p, mode: str(p) not in unreadable and real_access(p, mode))
+    with pytest.raises(ValueError) as exc:
+        model_source.resolve_model(model)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"cannot read the model file {model / 'model.safetensors'} "
+                          f"(mode 0600, owner uid {os.getuid()}) as uid {os.getuid()}: ")
+    assert "chmod -R a+rX" in msg and "--user $(id -u):$(id -g)" in msg
+    unreadable.discard(str(model / "model.safetensors"))
+    assert model_source.resolve_model(model) == model
+    unreadable.add(str(model))
+    with pytest.raises(ValueError, match=r"cannot read the model folder .*model \(mode 0"):
+        model_source.resolve_model(model)
+
+
+@pytest.mark.skipif(os.getuid() == 0, reason="root reads every file")
+def test_an_unreadable_model_file_for_real(tmp_path):
+    from engine.model_source import resolve_model
+
+    model = _checkpoint(tmp_path)
+    (model / "config.json").chmod(0)
+    with pytest.raises(ValueError, match="cannot read the model file .*config.json"):
+        resolve_model(model)

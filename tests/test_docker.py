@@ -1,8 +1,10 @@
 """The cpu image, built by ci/docker-build.sh and run with a real Docker engine:
 it serves a tiny model with the guide's `docker run` options and answers as
-offline generation does; without CAP_SYS_NICE it loses only NUMA binding (one
-warning); its LD_PRELOAD names files that exist; a bad VLLM_CPU_KVCACHE_SPACE
-stops it before the model loads, with one line.
+offline generation does, from a folder or from the host's Hugging Face cache
+mounted as the guide mounts it; a model file it cannot read is one line; without
+CAP_SYS_NICE it loses only NUMA binding (one warning); its LD_PRELOAD names files
+that exist; a bad VLLM_CPU_KVCACHE_SPACE stops it before the model loads, with one
+line.
 
 Needs a Docker daemon (ci/setup-docker.sh, which .ci/run calls): without one
 these tests skip with the reason, unless VLLM_REQUIRE_DOCKER or CI is set."""
@@ -30,6 +32,7 @@ TAG = f"vllm-engine/{TARGET}:test"
 GUIDE = ["--cap-add", "SYS_NICE", "--security-opt", "seccomp=unconfined", "--shm-size=4g",
          "-e", "VLLM_CPU_KVCACHE_SPACE=1"]
 PROMPT = "Once upon a time there was a small engine"
+HF_HOME = "/root/.cache/huggingface"
 MAX_TOKENS = 16
 
 
@@ -78,11 +81,12 @@ def model_dir(image, tmp_path_factory) -> Path:
 class Container:
     """A detached server container published on 127.0.0.1; removed on exit."""
 
-    def __init__(self, image: str, model_dir: Path, options: list[str]):
-        self.port = free_port()
-        self.id = docker("run", "-d", *options, "-p", f"127.0.0.1:{self.port}:8000",
-                         "-v", f"{model_dir}:/models:ro", image,
-                         "/models/tiny", "--dtype", "float32").stdout.strip()
+    def __init__(self, image: str, model_dir: Path | None, options: list[str],
+                 model: str = "/models/tiny"):
+        self.port, self.model = free_port(), model
+        mount = ["-v", f"{model_dir}:/models:ro"] if model_dir else []
+        self.id = docker("run", "-d", *options, "-p", f"127.0.0.1:{self.port}:8000", *mount,
+                         image, model, "--dtype", "float32").stdout.strip()
         self.url = f"http://127.0.0.1:{self.port}"
 
     def logs(self) -> str:
@@ -108,7 +112,7 @@ class Container:
 
         client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
                                timeout=300)
-        out = client.completions.create(model="/models/tiny", prompt=PROMPT,
+        out = client.completions.create(model=self.model, prompt=PROMPT,
                                         max_tokens=MAX_TOKENS, temperature=0)
         return out.choices[0].text
 
@@ -139,6 +143,12 @@ def test_image_is_small_non_root_with_healthcheck_and_preloads(image):
     cfg = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", image).stdout)
     uid = docker("run", "--rm", "--entrypoint", "id", image, "-u").stdout.strip()
     assert cfg["User"] and uid != "0"  # not root
+    # the Hugging Face cache where upstream's image (and the guide's -v) has it, writable
+    # by the image's user and by any other (--user $(id -u):$(id -g))
+    assert f"HF_HOME={HF_HOME}" in cfg["Env"]
+    for user in ([], ["--user", "4321:4321"]):
+        docker("run", "--rm", *user, "--entrypoint", "sh", image, "-c",
+               f"mkdir -p {HF_HOME}/hub && touch {HF_HOME}/hub/x")
     assert cfg["Entrypoint"][:2] == ["engine", "serve"]
     assert any("/health" in part for part in cfg["Healthcheck"]["Test"])
     preload = next(e.split("=", 1)[1] for e in cfg["Env"] if e.startswith("LD_PRELOAD="))
@@ -180,6 +190,62 @@ def test_without_sys_nice_it_serves_and_warns_once(image, model_dir, offline_tex
         warnings = numa_warnings(c.logs())
         assert len(warnings) == 1, c.logs()[-4000:]
         assert "get_mempolicy: Operation not permitted" in warnings[0]
+
+
+def _hf_cache(model: Path, root: Path, repo_id: str) -> Path:
+    """A Hugging Face cache (HF_HOME) holding `model` as `repo_id`, laid out as
+    `hf download` leaves it: blobs, a snapshot of links to them, refs/main."""
+    rev = "0" * 40
+    repo = root / "hub" / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(rev)
+    (repo / "blobs").mkdir()
+    snap = repo / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for f in model.iterdir():
+        blob = repo / "blobs" / f"blob-{f.name}"
+        shutil.copyfile(f, blob)
+        blob.chmod(0o644)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    for d in [root, *root.rglob("*")]:
+        if d.is_dir() and not d.is_symlink():
+            d.chmod(0o755)
+    return root
+
+
+def test_the_guides_cache_mount_serves_a_hub_model(image, model_dir, offline_text, tmp_path):
+    """The guide's line, `-v ~/.cache/huggingface:/root/.cache/huggingface ... IMAGE
+    org/name`, with a cache folder of the host's root (not the image's user) and
+    HF_HUB_OFFLINE=1, since the Hub is unreachable here."""
+    cache = _hf_cache(model_dir / "tiny", tmp_path / "huggingface", "tiny-org/tiny-llama")
+    options = [*GUIDE, "-v", f"{cache}:{HF_HOME}", "-e", "HF_HUB_OFFLINE=1"]
+    with Container(image, None, options, model="tiny-org/tiny-llama") as c:
+        c.wait_healthy()
+        assert c.complete() == offline_text
+
+
+def test_a_model_file_it_cannot_read_is_one_line(image, model_dir, tmp_path):
+    """0600 files of another uid (save_pretrained's mode, the host's user): one line
+    naming the file, the container's uid and the fix; the fix then serves."""
+    model = tmp_path / "private"
+    shutil.copytree(model_dir / "tiny", model)
+    for f in model.iterdir():
+        os.chown(f, 4242, 4242)
+        f.chmod(0o600)
+    model.chmod(0o755)
+    out = docker("run", "--rm", *GUIDE, "-v", f"{model}:/models/tiny:ro", image, "/models/tiny",
+                 check=False)
+    logs = out.stdout + out.stderr
+    assert out.returncode != 0 and "Traceback" not in logs, logs[-4000:]
+    errors = [line for line in logs.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, logs[-4000:]
+    assert errors[0].startswith("error: cannot read the model file /models/tiny/"), errors
+    assert "(mode 0600, owner uid 4242) as uid 1000:" in errors[0]
+    assert "--user $(id -u):$(id -g)" in errors[0] and "chmod" in errors[0]
+    check = "from engine.model_source import resolve_model; print(resolve_model('/models/tiny'))"
+    fixed = docker("run", "--rm", "--user", "4242:4242", "-v", f"{model}:/models/tiny:ro",
+                   "--entrypoint", "python", image, "-c", check)
+    assert fixed.stdout.strip().splitlines()[-1] == "/models/tiny"
 
 
 def test_bad_kvcache_space_stops_the_container_with_one_line(image, model_dir):

@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO, free_port, make_wheel
 from wheel_index.layout import HTML_CT, SIMPLE_JSON_CT
 from wheel_index.publish import publish
-from wheel_index.server import byte_range, make_server, negotiate
+from wheel_index.server import make_server, negotiate
 from wheel_index.storage import LocalStorage
 
 A = "a" * 40
@@ -65,16 +65,6 @@ def test_byte_ranges(served):
     assert r.status == 200 and body == data
     r, body = get(server, "/blob.bin")
     assert r.status == 200 and body == data and r.getheader("Accept-Ranges") == "bytes"
-
-
-def test_byte_range_parsing():
-    assert byte_range("bytes=0-0", 10) == (0, 0)
-    assert byte_range("bytes=-20", 10) == (0, 9)
-    assert byte_range("bytes=5-2", 10) is None and byte_range("items=0-1", 10) is None
-    assert byte_range("bytes=x-1", 10) is None and byte_range("bytes=-", 10) is None
-    for bad in ("bytes=10-", "bytes=-0", "bytes=20-30"):
-        with pytest.raises(ValueError):
-            byte_range(bad, 10)
 
 
 def test_head_has_headers_and_no_body(served):

@@ -36,10 +36,19 @@ def test_threads_bind_valid(value, parsed):
 
 @pytest.mark.parametrize("value,message", [
     ("all", "is not a CPU list"), ("3-1", "runs backwards"), ("0,0", "names a CPU twice"),
-    ("0-3|2-5", "ranks share CPUs"), ("0-", "is not a CPU list")])
+    ("0-3|2-5", "ranks share CPUs 2-3$"), ("0-", "is not a CPU list")])
 def test_threads_bind_invalid(value, message):
     with pytest.raises(envs.EnvError, match=message):
         envs.omp_threads_bind({"VLLM_CPU_OMP_THREADS_BIND": value})
+
+
+@pytest.mark.parametrize("cpus,text", [
+    ([], ""), ([7], "7"), ([0, 1], "0-1"), ([3, 0, 1, 2, 8, 10, 11], "0-3,8,10-11"),
+    (range(2, 100), "2-99"), ([1, 3, 5], "1,3,5")])
+def test_cpu_lists_are_named_as_ranges(cpus, text):
+    assert envs.format_cpu_list(cpus) == text
+    if text:
+        assert envs.parse_cpu_list(text, "X") == sorted(cpus)
 
 
 def test_reserved_cpus_and_memory_nodes():
@@ -92,10 +101,15 @@ def test_list_binding_is_validated(tmp_path):
     env = {"VLLM_SYSFS_ROOT": str(fake_sysfs(tmp_path))}
     every = set(range(16))
     assert cpu_binding.plan(1, 2, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-3|8-11"}, every).cpus == (8, 9, 10, 11)
-    with pytest.raises(envs.EnvError, match="CPUs \\[16, 17\\] do not exist"):
+    with pytest.raises(envs.EnvError, match="not exist: 16-17 \\(online: 0-15\\)$"):
         cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "14-17"}, every)
-    with pytest.raises(envs.EnvError, match="not allowed to this process"):
+    with pytest.raises(envs.EnvError, match="not exist: 16-99 \\(online: 0-15\\)$"):
+        cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-99"}, every)
+    with pytest.raises(envs.EnvError, match="names CPUs not allowed to this process: 0-3 "
+                       "\\(allowed: 4-5;"):
         cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-3"}, {4, 5})
+    with pytest.raises(envs.EnvError, match="not allowed to this process: 2-7,9-15 "):
+        cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-15"}, {0, 1, 8})
     with pytest.raises(envs.EnvError, match="rank 1 of 2 needs one"):
         cpu_binding.plan(1, 2, {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-3"}, every)
     nobind = cpu_binding.plan(0, 1, {**env, "VLLM_CPU_OMP_THREADS_BIND": "nobind",

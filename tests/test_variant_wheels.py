@@ -25,6 +25,7 @@ from wheel_index.variant_wheels import (
     make_variant_wheel,
     properties,
     variants_json_name,
+    wheel_label,
 )
 from wheel_index.wheels import inspect_wheel
 
@@ -112,19 +113,19 @@ def test_every_publish_writes_the_commit_variants_level(tmp_path):
     _publish_all(tmp_path, storage, ["cpu", "cu130", "cu129", "rocm700"])
     proj = f"{C}/variants/vllm-engine"
     page = storage.read(f"{proj}/index.html").decode()
-    for label in ("cpu", "cu129", "cu130"):
+    for label in ("null", "cu129", "cu130"):  # the cpu build is PEP 825's null variant
         assert f"manylinux_2_34_x86_64-{label}.whl</a>" in page
     assert "rocm700" not in page  # no provider can detect it
     assert "%2B" in page and "+gabc1234-cp38" not in page.split(">vllm")[0]
     assert 'data-core-metadata="sha256=' in page and "data-requires-python" in page
     doc = json.loads(storage.read(f"{proj}/{variants_json_name(DEV)}"))
-    assert sorted(doc["variants"]) == ["cpu", "cu129", "cu130"]
+    assert sorted(doc["variants"]) == ["cu129", "cu130", "null"]
     assert f">{variants_json_name(DEV)}</a>" in page
     api = json.loads(storage.read(f"{proj}/index.json"))
     assert api["meta"]["api-version"] == "1.1" and api["versions"] == [DEV]
     assert {f["filename"] for f in api["files"]} == {
         *(f"vllm_engine-{DEV}-cp38-abi3-manylinux_2_34_x86_64-{v}.whl"
-          for v in ("cpu", "cu129", "cu130")), variants_json_name(DEV)}
+          for v in ("null", "cu129", "cu130")), variants_json_name(DEV)}
     for f in api["files"]:
         if f["filename"].endswith(".whl"):
             meta = storage.read(f"{proj}/{f['filename']}.metadata")
@@ -154,7 +155,7 @@ def test_nightly_and_release_views(tmp_path):
     api = json.loads(rel.read("1.2.3/variants/vllm-engine/index.json"))
     assert api["versions"] == ["1.2.3"]
     assert {f["filename"] for f in api["files"]} == {
-        "vllm_engine-1.2.3-cp38-abi3-manylinux_2_34_x86_64-cpu.whl",
+        "vllm_engine-1.2.3-cp38-abi3-manylinux_2_34_x86_64-null.whl",
         "vllm_engine-1.2.3-cp38-abi3-manylinux_2_34_x86_64-cu130.whl",
         "vllm_engine-1.2.3-variants.json"}
     assert verify(rel, log=lambda m: None) == []
@@ -167,7 +168,8 @@ def test_republishing_changes_nothing_and_verify_sees_a_stale_variants_json(tmp_
     res = publish(storage, C, [w], commit_time="100", log=lambda m: None)
     assert res.stored == [] and res.pages_written == []
     assert res.variants.stored == [] and res.variants.pages_written == []
-    assert res.variants.unchanged == [f"vllm_engine-{DEV}-cp38-abi3-manylinux_2_34_x86_64-cpu.whl"]
+    assert res.variants.unchanged == [
+        f"vllm_engine-{DEV}-cp38-abi3-manylinux_2_34_x86_64-null.whl"]
     key = f"{C}/variants/vllm-engine/{variants_json_name(DEV)}"
     storage.write_atomic(key, b"{}")
     assert any("variants.json has sha256" in p for p in verify(storage, log=lambda m: None))
@@ -212,7 +214,8 @@ def test_precompiled_mode_picks_the_machines_variant_from_a_variants_level(
            "VLLM_DETECT_ROOT": str(root)}
     c = choose_wheel(tmp_path, env, log=lambda m: None)  # tmp_path: no git metadata needed
     assert c.variant == variant and c.commit == C
-    assert c.filename == f"vllm_engine-{DEV}-cp38-abi3-manylinux_2_34_x86_64-{variant}.whl"
+    assert c.filename == f"vllm_engine-{DEV}-cp38-abi3-manylinux_2_34_x86_64-" \
+        f"{wheel_label(variant)}.whl"
     assert hashlib.sha256(Path(c.url).read_bytes()).hexdigest() == c.sha256
 
 
@@ -238,7 +241,7 @@ def test_bisect_reads_the_variants_level_when_the_variant_level_is_gone(two_vari
     shutil.rmtree(two_variant_index / C / "cpu")
     url, sha = inst.wheel(C)
     assert url.endswith(f"{C}/variants/vllm-engine/vllm_engine-{DEV}-cp38-abi3-"
-                        "manylinux_2_34_x86_64-cpu.whl")
+                        "manylinux_2_34_x86_64-null.whl")
     assert hashlib.sha256(Path(url).read_bytes()).hexdigest() == sha
 
 
@@ -265,7 +268,7 @@ def test_both_architectures_share_one_label(tmp_path):
     assert sorted(w["platform_tag"] for w in level["wheels"]) == [
         "manylinux_2_34_aarch64", "manylinux_2_34_x86_64"]
     doc = json.loads(storage.read(f"{C}/variants/vllm-engine/{variants_json_name(DEV)}"))
-    assert doc["variants"] == {"cpu": {}}
+    assert doc["variants"] == {"null": {}}
 
 
 def test_variants_level_on_s3(s3_env, tmp_path):

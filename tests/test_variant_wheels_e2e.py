@@ -1,5 +1,5 @@
 """End to end with the real uv 0.13 and pip: the variants level served on
-127.0.0.1 gives this machine the cpu build, a faked NVIDIA driver the matching
+127.0.0.1 gives this machine the cpu build (PEP 825's null variant, label `null`), a faked NVIDIA driver the matching
 CUDA build, and pip (no variant support) nothing at all."""
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_uv_installs_the_cpu_variant_here_and_it_imports(cpu_variants_level, tmp
     out = run([py, "-c", SMOKE], cwd=tmp_path).stdout
     assert out.split() == ["cpu", wheel.name.split("-")[1].rsplit(".", 1)[0]]
     dist_info = next((tmp_path / "venv" / "lib").glob("python*/site-packages/vllm_engine-*"))
-    assert json.loads((dist_info / "variant.json").read_text())["variants"] == {"cpu": {}}
+    assert json.loads((dist_info / "variant.json").read_text())["variants"] == {"null": {}}
     assert "+" in dist_info.name and not dist_info.name.split("+")[1].startswith("cpu")
 
 
@@ -105,7 +105,7 @@ def _chosen(level: str, tmp_path: Path, env: dict) -> str:
 @pytest.mark.parametrize("level", ["nightly/variants", "d" * 40 + "/variants"])
 def test_dry_runs_pick_the_variant_the_driver_supports(synthetic_level, level, tmp_path):
     url = f"{synthetic_level}/{level}"
-    assert _chosen(url, tmp_path, _no_gpu_env(tmp_path)) == "cpu"
+    assert _chosen(url, tmp_path, _no_gpu_env(tmp_path)) == "null"  # the cpu build
     for driver, (cuda, variant) in DRIVERS.items():
         env = {**_no_gpu_env(tmp_path), "UV_CUDA_DRIVER_VERSION": driver,
                "NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION": cuda}
@@ -150,4 +150,4 @@ def test_precompiled_editable_install_from_the_variants_level(cpu_variants_level
                            "print(json.dumps(report()['precompiled_from']))"],
                           cwd=tmp_path).stdout.strip().splitlines()[-1])
     assert used["commit"] == commit and used["variant"] == "cpu"
-    assert used["source"].startswith(level) and used["source"].endswith("-cpu.whl")
+    assert used["source"].startswith(level) and used["source"].endswith("-null.whl")

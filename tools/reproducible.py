@@ -8,13 +8,21 @@ built), and one compression level. The contents are not touched, so RECORD's
 hashes stay right.
 
     python -m tools.reproducible WHEEL... [--epoch SECONDS]
+    python -m tools.reproducible --compare A.whl B.whl     (ci/reproducible-check.sh)
+
+--compare checks two builds of one commit: identical bytes, or a report of why
+not (diffoscope's, the Debian package, when it is installed; else the members
+that differ) and one error line.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import hashlib
 import os
+import shutil
 import stat
+import subprocess
 import sys
 import time
 import zipfile
@@ -78,12 +86,68 @@ def normalize(path: Path, epoch: int) -> bool:
     return True
 
 
+def member_differences(a: Path, b: Path) -> list[str]:
+    """What differs between two wheels, member by member: the fallback report
+    when diffoscope is missing."""
+    out = []
+    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
+        ia = {i.filename: i for i in za.infolist()}
+        ib = {i.filename: i for i in zb.infolist()}
+        out += [f"only in {a.name}: {n}" for n in sorted(ia.keys() - ib.keys())]
+        out += [f"only in {b.name}: {n}" for n in sorted(ib.keys() - ia.keys())]
+        if [n for n in ia if n in ib] != [n for n in ib if n in ia]:
+            out.append("the members are stored in another order")
+        for name in sorted(ia.keys() & ib.keys()):
+            x, y = ia[name], ib[name]
+            if x.CRC != y.CRC or x.file_size != y.file_size:
+                out.append(f"contents differ: {name}")
+            for field in ("date_time", "external_attr", "compress_type", "create_system"):
+                if getattr(x, field) != getattr(y, field):
+                    out.append(f"{field} differs: {name}: {getattr(x, field)} != "
+                               f"{getattr(y, field)}")
+    return out or ["the members agree; the archives differ in their zip structure"]
+
+
+def compare(a: Path, b: Path, print_=print) -> bool:
+    """True when the two wheels have one name and the same bytes; else print why,
+    and False."""
+    if a.read_bytes() == b.read_bytes():
+        print_(f"identical bytes: sha256 {hashlib.sha256(a.read_bytes()).hexdigest()}")
+        return a.name == b.name
+    diffoscope = shutil.which("diffoscope")
+    if diffoscope:
+        report = subprocess.run([diffoscope, "--text", "-", "--no-progress",
+                                 "--max-text-report-size", "400000", str(a), str(b)],
+                                capture_output=True, text=True)
+        print_(report.stdout.rstrip() or report.stderr.rstrip())
+    else:
+        print_("\n".join(member_differences(a, b)))
+        print_("(install diffoscope, the Debian package, for a report of every difference)")
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.reproducible", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("wheels", nargs="+", type=Path)
     p.add_argument("--epoch", type=int, help="the timestamp (default: SOURCE_DATE_EPOCH)")
+    p.add_argument("--compare", action="store_true",
+                   help="check that two wheels (two builds of one commit) are the same bytes")
     args = p.parse_args(argv)
+    if args.compare:
+        if len(args.wheels) != 2 or not all(w.is_file() for w in args.wheels):
+            print("error: --compare takes two wheel files", file=sys.stderr)
+            return 2
+        a, b = args.wheels
+        if compare(a, b):
+            return 0
+        if a.name != b.name:
+            print(f"error: the two builds are named differently: {a.name} and {b.name}",
+                  file=sys.stderr)
+        else:
+            print(f"error: two builds of one commit differ: {a} and {b} (the report above "
+                  "says where)", file=sys.stderr)
+        return 1
     try:
         epoch = args.epoch if args.epoch is not None else epoch_from_env()
         for w in args.wheels:

@@ -4,7 +4,8 @@ Serves only files inside its root (no '..', encoded or not, and no symlink that
 leaves the root). A folder answers with its index.html or, by PEP 691
 negotiation, its index.json, always with `Vary: Accept`. Files are streamed
 with sendfile, so memory stays flat in file size and in clients; HEAD reads no
-body; a single byte range is served (206, or 416 when unsatisfiable); ETag and
+body; a single byte range is served (206, or 416 when unsatisfiable; several or
+malformed ones get the whole file, as RFC 9110 allows); ETag and
 Last-Modified come with every file and If-None-Match / If-Modified-Since get
 304. A project name that is not normalized redirects to the normalized one
 (PEP 503). A fixed pool of threads serves requests whose heads have all
@@ -16,6 +17,7 @@ import email.utils
 import http.server
 import io
 import os
+import re
 import socket
 import socketserver
 import stat
@@ -72,30 +74,43 @@ def negotiate(accept: str) -> str:
     return best
 
 
+_POS = re.compile(r"[0-9]+", re.ASCII)  # RFC 9110's 1*DIGIT: ASCII only, no sign
+#: past any file's size; a longer number is not parsed (int() refuses 4300+ digits)
+_HUGE = 1 << 63
+
+
+def _pos(text: str) -> int:
+    return int(text) if len(text) <= 18 else _HUGE
+
+
 def byte_range(header: str, size: int) -> tuple[int, int] | None:
-    """(first, last) byte of a single `bytes=` range; None to send it all (no
-    range, several ranges or a malformed one, which RFC 9110 lets a server
-    ignore). Raises ValueError when the range is unsatisfiable (416)."""
-    if not header.startswith("bytes=") or "," in header:
+    """(first, last) byte of the one range a `Range: bytes=...` header asks
+    for (RFC 9110 14.1.2): `N-M`, open `N-` or suffix `-N`. None to send the
+    whole file: a malformed header, another unit, or several ranges (14.2 lets
+    a server ignore Range; pip and uv ask one range at a time, and ignoring
+    several spares the server their multipart and overlapping sets). Raises
+    ValueError when the one range is unsatisfiable (416)."""
+    unit, sep, spec = header.partition("=")
+    if not sep or unit.lower() != "bytes":
         return None
-    first, sep, last = header[6:].strip().partition("-")
-    if not sep or not (first.isdigit() or last.isdigit()):
+    specs = [s.strip() for s in spec.split(",") if s.strip()]  # empty list items don't count
+    if len(specs) != 1:
         return None
-    if not first.isdigit() and first:
+    first, sep, last = specs[0].partition("-")
+    if not sep or not all(_POS.fullmatch(p) for p in (first, last) if p) or not (first or last):
         return None
-    if last and not last.isdigit():
-        return None
-    if not first:  # the last N bytes
-        n = int(last)
-        if n == 0 or size == 0:
+    if not first:  # suffix-range: the last N bytes
+        n = _pos(last)
+        if n == 0:
             raise ValueError
-        return max(size - n, 0), size - 1
-    start = int(first)
-    if last and int(last) < start:
-        return None
+        # an empty file satisfies it but no Content-Range can say so: all (nothing) of it
+        return (max(size - n, 0), size - 1) if size else None
+    start = _pos(first)
+    if last and _pos(last) < start:
+        return None  # an invalid int-range, not an unsatisfiable one
     if start >= size:
         raise ValueError
-    return start, min(int(last) if last else size - 1, size - 1)
+    return start, min(_pos(last) if last else size - 1, size - 1)
 
 
 class IndexHandler(http.server.BaseHTTPRequestHandler):
@@ -213,9 +228,13 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
             return
         size, span = st.st_size, None
         if_range = self.headers.get("If-Range")
-        if "Range" in self.headers and (if_range is None or if_range in (etag, modified)):
+        ranges = self.headers.get_all("Range") or []
+        # Range is defined for GET alone (RFC 9110 14.2: HEAD answers as a whole GET),
+        # and is one field: two of them are as malformed as a bad one, so ignored
+        if self.command == "GET" and len(ranges) == 1 and \
+                (if_range is None or if_range in (etag, modified)):
             try:
-                span = byte_range(self.headers["Range"].strip(), size)
+                span = byte_range(ranges[0].strip(), size)
             except ValueError:
                 return self._error(416, "Range Not Satisfiable",
                                    {"Content-Range": f"bytes */{size}", **common})

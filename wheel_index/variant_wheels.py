@@ -12,9 +12,12 @@ Properties follow what uv 0.13's vendored NVIDIA provider reports (namespace
 the driver supports, newest first). A CUDA variant asks for ``<major>.0``: any
 driver of that CUDA major runs it (NVIDIA's minor-version compatibility, the
 same thresholds as tools.target: >= 580 for CUDA 13, >= 525.60.13 for CUDA 12).
-The cpu variant has no property, so it is compatible everywhere and ranks below
-every CUDA variant the machine supports: it is what a machine without a usable
-NVIDIA driver gets. ROCm and XPU get no variant wheel: uv implements no provider
+The cpu variant has no property, so it is PEP 825's null variant: compatible
+everywhere, ranked below every CUDA variant the machine supports, what a machine
+without a usable NVIDIA driver gets. The draft, and variantlib (its reference
+implementation), require a null variant to carry the label ``null``: its variant
+wheel is ``...-manylinux_2_34_x86_64-null.whl``, while the index's metadata.json,
+the wheel's build info and everything else still call the variant ``cpu``. ROCm and XPU get no variant wheel: uv implements no provider
 for them, so no machine could ever select one.
 """
 from __future__ import annotations
@@ -47,6 +50,10 @@ CUDA_LOWER_BOUND = "cuda_version_lower_bound"
 VARIANT_JSON = "variant.json"
 
 
+#: PEP 825's label for the variant without properties (variantlib refuses any other)
+NULL_LABEL = "null"
+
+
 def properties(label: str) -> dict | None:
     """The variant properties of a variant, or None when it gets no variant wheel."""
     v = get_variant(label)
@@ -57,15 +64,21 @@ def properties(label: str) -> dict | None:
     return None
 
 
+def wheel_label(label: str) -> str:
+    """The variant label a variant wheel of this variant (tools.variants) carries
+    in its name and its variant.json: `null` for the one without properties."""
+    return NULL_LABEL if properties(label) == {} else label
+
+
 def metadata_doc(labels) -> dict:
-    """variants.json (index level) for these variant labels; with one label,
-    the wheel's own variant.json."""
+    """variants.json (index level) for these variants (tools.variants labels);
+    with one label, the wheel's own variant.json."""
     variants = {}
     for label in sorted(labels):
         props = properties(label)
         if props is None:
             raise UserError(f"variant {label!r} has no variant properties a provider reports")
-        variants[label] = props
+        variants[wheel_label(label)] = props
     # uv refuses an empty namespace list, so the provider is declared even when
     # only the cpu variant is published.
     return {"$schema": SCHEMA, "default-priorities": {"namespace": [NVIDIA]},
@@ -95,7 +108,8 @@ def variants_json_name(version: str) -> str:
 
 def variant_filename(w: InspectedWheel) -> str:
     py, abi, plat = w.tags
-    return f"{dist_stem(base_version(w.version))}-{py}-{abi}-{plat}-{w.variant}.whl"
+    label = wheel_label(w.variant)
+    return f"{dist_stem(base_version(w.version))}-{py}-{abi}-{plat}-{label}.whl"
 
 
 def is_variant_wheel(filename: str) -> bool:

@@ -3,23 +3,36 @@ any OpenAI-compatible server), as `vllm chat` / `vllm complete` do. Answers
 stream to stdout; Ctrl-D or Ctrl-C ends a session."""
 from __future__ import annotations
 
-import os
 import sys
+
+from engine import envs
+
+
+def _key(args) -> str | None:
+    return args.api_key or envs.client_api_key()
 
 
 def _client(args):
     import openai
 
-    client = openai.OpenAI(base_url=args.url, api_key=args.api_key or
-                           os.environ.get("OPENAI_API_KEY") or "EMPTY", max_retries=0)
+    client = openai.OpenAI(base_url=args.url, api_key=_key(args) or "EMPTY", max_retries=0)
     try:
         model = args.model_name or client.models.list().data[0].id
     except openai.APIConnectionError:
         raise ValueError(f"no server answers at {args.url}; start one with `engine serve MODEL` "
                          "or pass --url") from None
     except openai.APIStatusError as exc:
-        raise ValueError(f"{args.url}: {exc.status_code} {_message(exc)}") from None
+        raise _status_error(args, exc) from None
     return client, model
+
+
+def _status_error(args, exc) -> ValueError:
+    if exc.status_code == 401:
+        given = "the API key sent was refused" if _key(args) else "the server wants an API key"
+        names = " or ".join(envs.CLIENT_KEY_VARIABLES)
+        return ValueError(f"{args.url}: 401 {given}; pass --api-key KEY or set {names} "
+                          "to the key `engine serve` was started with")
+    return ValueError(f"{args.url}: {exc.status_code} {_message(exc)}")
 
 
 def _message(exc) -> str:
@@ -73,7 +86,7 @@ def run(args) -> int:
                                                    max_tokens=args.max_tokens or 64)
                 _print_stream(stream, False)
         except openai.APIStatusError as exc:
-            raise ValueError(f"the server answered {exc.status_code}: {_message(exc)}") from None
+            raise _status_error(args, exc) from None
         except openai.APIConnectionError:
             raise ValueError(f"lost the server at {args.url}") from None
     return 0

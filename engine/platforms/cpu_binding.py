@@ -80,13 +80,16 @@ def plan(rank: int = 0, world_size: int = 1, env: Mapping[str, str] | None = Non
                                 f"{rank} of {world_size} needs one")
         cpus = mode[rank]
         exist = set(online_cpus(root))
-        if missing := sorted(set(cpus) - exist):
-            raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND: CPUs {missing} do not exist "
-                                f"(online: {min(exist)}-{max(exist)})")
-        if denied := sorted(set(cpus) - allowed):
-            raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND: CPUs {denied} are not allowed to "
-                                "this process (see taskset / cgroup cpusets)")
-        return Binding(tuple(cpus), f"rank {rank}: CPUs {cpus} (from VLLM_CPU_OMP_THREADS_BIND)")
+        cpu_list = envs.format_cpu_list
+        if missing := set(cpus) - exist:
+            raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND names CPUs that do not exist: "
+                                f"{cpu_list(missing)} (online: {cpu_list(exist)})")
+        if denied := set(cpus) - allowed:
+            raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND names CPUs not allowed to this "
+                                f"process: {cpu_list(denied)} (allowed: {cpu_list(allowed)}; "
+                                "see taskset / cgroup cpusets)")
+        return Binding(tuple(cpus), f"rank {rank}: CPUs {cpu_list(cpus)} "
+                                    "(from VLLM_CPU_OMP_THREADS_BIND)")
     nodes = numa_nodes(root)
     visible = envs.visible_memory_nodes(env)
     if visible is not None:
@@ -103,8 +106,9 @@ def plan(rank: int = 0, world_size: int = 1, env: Mapping[str, str] | None = Non
         raise envs.EnvError(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved} leaves no CPU for rank "
                             f"{rank} on NUMA node {node} ({len(cores)} usable cores)")
     cpus = cores[: len(cores) - reserved]
-    return Binding(tuple(cpus), f"rank {rank}: NUMA node {node}, one thread per physical "
-                                f"core: CPUs {cpus}" + (f", {reserved} reserved" if reserved else ""),
+    why = f"rank {rank}: NUMA node {node}, one thread per physical core: CPUs " \
+        f"{envs.format_cpu_list(cpus)}" + (f", {reserved} reserved" if reserved else "")
+    return Binding(tuple(cpus), why,
                    node if root == Path("/") else None)  # a fake sysfs names no real node
 
 

@@ -17,7 +17,8 @@ from engine.entrypoints.openai.serving_tokens import add_token_routes
 from engine.entrypoints.openai.serving_chat import create_chat_completion
 from engine.entrypoints.openai.serving_completion import create_completion
 from engine.entrypoints.openai.serving_responses import ResponsesRequest, create_response
-from engine.entrypoints.openai.serving_engine import APIError, ServerState, error_response
+from engine.entrypoints.openai.serving_engine import (APIError, ServerState, error_response,
+                                                      json_body)
 
 logger = logging.getLogger("engine")
 
@@ -66,6 +67,7 @@ def build_app(state: ServerState) -> FastAPI:
                 raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     v1 = [Depends(authorized)]
+    v1_json = v1 + [Depends(json_body)]  # the key first: a stranger learns nothing more
 
     @app.get("/health")
     async def health():
@@ -90,15 +92,15 @@ def build_app(state: ServerState) -> FastAPI:
              "root": str(state.model_dir), "parent": None, "max_model_len": state.max_model_len}
             for name in state.model_names]}
 
-    @app.post("/v1/completions", dependencies=v1)
+    @app.post("/v1/completions", dependencies=v1_json)
     async def completions(body: CompletionRequest, request: Request):
         return await create_completion(state, body, request)
 
-    @app.post("/v1/chat/completions", dependencies=v1)
+    @app.post("/v1/chat/completions", dependencies=v1_json)
     async def chat(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(state, body, request)
 
-    @app.post("/v1/responses", dependencies=v1)
+    @app.post("/v1/responses", dependencies=v1_json)
     async def responses(body: ResponsesRequest, request: Request):
         return await create_response(state, body, request)
 

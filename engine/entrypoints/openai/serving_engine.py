@@ -33,6 +33,17 @@ class APIError(Exception):
         self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
+async def json_body(request: Request) -> None:
+    """A dependency of every route with a JSON body, as upstream's validate_json_request:
+    the body must come as `Content-Type: application/json` (parameters such as charset
+    aside), else a 400 naming the header instead of a validator's sentence about bytes."""
+    given = request.headers.get("content-type", "")
+    if given.split(";", 1)[0].strip().lower() != "application/json":
+        got = f"got {given!r}" if given else "none was sent"
+        raise APIError(400, "Unsupported Media Type: the request body must be JSON sent with "
+                       f"the header 'Content-Type: application/json' ({got})")
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "Error"),
                       "param": param, "code": status}}

@@ -2,10 +2,10 @@
 /tokenize and /detokenize (outside /v1, without the API key, as upstream's)."""
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from engine.entrypoints.openai.serving_engine import APIError, ServerState
+from engine.entrypoints.openai.serving_engine import APIError, ServerState, json_body
 
 
 class TokenizeRequest(BaseModel):
@@ -42,14 +42,14 @@ def add_token_routes(app: FastAPI, state: ServerState) -> None:
     async def load():
         return {"server_load": state.llm.num_requests()}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", dependencies=[Depends(json_body)])
     async def tokenize(body: TokenizeRequest):
         check_model(body.model)
         ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens).ids
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids,
                 "token_strs": None}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", dependencies=[Depends(json_body)])
     async def detokenize(body: DetokenizeRequest):
         check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < vocab]

@@ -1,6 +1,7 @@
-"""The shared-memory all-reduce: two processes sum tensors of several sizes
-and dtypes, many calls in a row (the two buffers reused), equal to the sum
-in rank order; an aborted wait raises instead of hanging."""
+"""The shared-memory all-reduce: two processes sum (and gather) tensors of
+several sizes and dtypes, many calls in a row (the two buffers reused), equal
+to the sum in rank order (the ranks' tensors side by side); an aborted wait
+raises instead of hanging."""
 from __future__ import annotations
 
 import os
@@ -31,6 +32,11 @@ ar = ShmAllReduce(path, rank, 2, 30, create=False)
 calls = [(n, d) for _ in range(3) for n in (64, 512, 512 * 16, 1 << 20)
          for d in (torch.float32, torch.bfloat16)]
 for call, (n, dtype) in enumerate(calls):
+    if call % 3 == 2:  # an all-gather between the sums (the logits'), the same buffers
+        got = torch.cat(ar.all_gather(tensor(rank, call, n, dtype).view(2, -1)), dim=-1)
+        want = torch.cat([tensor(r, call, n, dtype).view(2, -1) for r in (0, 1)], dim=-1)
+        assert torch.equal(got, want), (call, n)
+        continue
     got = ar.all_reduce(tensor(rank, call, n, dtype))
     assert torch.equal(got, tensor(0, call, n, dtype) + tensor(1, call, n, dtype)), (call, n)
 print("ok", len(calls))

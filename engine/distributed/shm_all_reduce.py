@@ -1,5 +1,5 @@
-"""An all-reduce through shared memory for tensor-parallel ranks on one
-machine (upstream's CPU backend has one too): each rank copies its tensor
+"""An all-reduce (and all-gather) through shared memory for tensor-parallel
+ranks on one machine (upstream's CPU backend has one too): each rank copies its tensor
 into its slot of a mapping every rank shares, raises its flag, waits until
 every flag is up, and sums the slots in rank order (the same sum on every
 rank). Two alternating buffers make reuse safe: a rank can only write a
@@ -55,6 +55,19 @@ class ShmAllReduce:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """x becomes the sum of every rank's x (in place); x must fit()."""
+        slots = self._exchange(x)
+        x.view(-1).copy_(slots[0])
+        for r in range(1, self.world):
+            x.view(-1).add_(slots[r])
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's x, in rank order: views of the shared slots, valid until
+        the next call but one (copy them at once, e.g. torch.cat); x must fit()."""
+        return [slot.view(x.shape) for slot in self._exchange(x)]
+
+    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+        """Publish x in this rank's slot; once every rank has, the slots [world, numel]."""
         self._calls += 1
         call, buf = self._calls, self._calls % 2
         nbytes = x.numel() * x.element_size()
@@ -62,10 +75,7 @@ class ShmAllReduce:
         slots[self.rank].copy_(x.view(-1))
         self._flags[self.rank * _LINE] = call
         self._wait(call)
-        x.view(-1).copy_(slots[0])
-        for r in range(1, self.world):
-            x.view(-1).add_(slots[r])
-        return x
+        return slots
 
     def _wait(self, call: int) -> None:
         up, spins, deadline = self._up, 0, None

@@ -9,18 +9,10 @@ import time
 
 
 def _llm(args):
-    from engine.engine_args import gpu_memory
+    from engine.engine_args import cli_engine_args
     from engine.entrypoints.llm import LLM
 
-    return LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
-               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-               tensor_parallel_size=args.tensor_parallel_size,
-               data_parallel_size=args.data_parallel_size,
-               pipeline_parallel_size=args.pipeline_parallel_size,
-               distributed_executor_backend=args.distributed_executor_backend,
-               enable_chunked_prefill=args.enable_chunked_prefill,
-               enable_prefix_caching=args.enable_prefix_caching,
-               **gpu_memory(args))
+    return LLM(model=args.model, dtype=args.dtype, **cli_engine_args(args))
 
 
 def tiny_model_archs() -> list[str]:

@@ -252,6 +252,19 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
     return backend or "mp"
 
 
+# the engine arguments `engine generate/bench/serve` take from their flags alike
+_CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                    "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
+                    "distributed_executor_backend", "enable_chunked_prefill",
+                    "enable_prefix_caching")
+
+
+def cli_engine_args(args) -> dict:
+    """The engine arguments of a command line's flags (those the command has)."""
+    return {name: getattr(args, name) for name in _CLI_ENGINE_ARGS
+            if hasattr(args, name)} | gpu_memory(args)
+
+
 def gpu_memory(args) -> dict:
     """The command line's --gpu-memory-utilization as an engine argument, only
     when given (the default is DEFAULT_GPU_MEMORY_UTILIZATION's)."""

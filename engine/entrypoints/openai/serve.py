@@ -16,7 +16,7 @@ def serve(args) -> int:
     import uvicorn
 
     from engine.core.async_llm import AsyncLLM
-    from engine.engine_args import gpu_memory
+    from engine.engine_args import cli_engine_args
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
     from engine.entrypoints.openai.metrics import Metrics
@@ -29,17 +29,7 @@ def serve(args) -> int:
         return 1
 
     t0 = time.perf_counter()
-    core = engine_core(args.model, args.dtype, block_size=args.block_size,
-                       max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_model_len=args.max_model_len,
-                       tensor_parallel_size=args.tensor_parallel_size,
-                       data_parallel_size=args.data_parallel_size,
-                       pipeline_parallel_size=args.pipeline_parallel_size,
-                       distributed_executor_backend=args.distributed_executor_backend,
-                       enable_chunked_prefill=args.enable_chunked_prefill,
-                       enable_prefix_caching=args.enable_prefix_caching,
-                       **gpu_memory(args))
+    core = engine_core(args.model, args.dtype, **cli_engine_args(args))
     warm = warm_up(core)
     names = args.served_model_name or [args.model]
     template = chat_utils.load_template(core.path, args.chat_template)

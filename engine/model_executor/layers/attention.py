@@ -5,9 +5,9 @@ in chunks, reads the same blocks), sliding windows included; decode with
 paged_attention. VLLM_PREFILL_ATTENTION=sdpa keeps the old prefill: torch's
 SDPA over each prompt's own keys.
 
-Logit soft-capping (Gemma 2), and a sliding window in decode, are computed in
-torch (engine.model_executor.layers.windowed_attention): the kernels that
-would need them take neither yet."""
+A sliding window in decode runs on the prefill kernel too (one query a
+sequence). Logit soft-capping (Gemma 2) is computed in torch
+(engine.model_executor.layers.windowed_attention): no kernel takes it yet."""
 from __future__ import annotations
 
 import torch
@@ -53,6 +53,12 @@ class Attention(nn.Module):
             ops.paged_prefill_attention(out, q.contiguous(), self.k_cache, self.v_cache,
                                         ctx.block_tables, ctx.query_start_loc, ctx.seq_lens,
                                         self.scale, window)
+        elif self.softcap is None and self._in_torch(int(ctx.seq_lens.max())):
+            # a window alone: the prefill kernel takes it, one query a sequence
+            one_each = torch.arange(tokens + 1, dtype=torch.int32, device=q.device)
+            ops.paged_prefill_attention(out, q.contiguous(), self.k_cache, self.v_cache,
+                                        ctx.block_tables, one_each, ctx.seq_lens,
+                                        self.scale, self.sliding_window)
         elif self._in_torch(int(ctx.seq_lens.max())):
             windowed_attention.decode(out, q, self.k_cache, self.v_cache, ctx.block_tables,
                                       ctx.seq_lens, self.scale, self.sliding_window, self.softcap)

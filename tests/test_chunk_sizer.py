@@ -1,6 +1,6 @@
 """The server's prompt chunks: sized to a step time from the measured prefill
-speed (engine/core/chunk_sizer.py), applied by the scheduler to prompts only,
-never to the running decodes."""
+speed (engine/core/chunk_sizer.py), applied by the scheduler to each prompt's
+chunk, never to the running decodes nor to how many prompts a step admits."""
 from __future__ import annotations
 
 from test_scheduler import BS, seq, step
@@ -31,7 +31,7 @@ def test_cap_stays_within_its_bounds():
     assert PromptChunkSizer(budget=256).cap() == 256
 
 
-def test_scheduler_caps_prompt_chunks_not_decodes():
+def test_scheduler_caps_each_prompt_chunk_not_decodes():
     sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=200,
                       enable_chunked_prefill=True)
     sched.prompt_tokens_cap = 30
@@ -40,9 +40,11 @@ def test_scheduler_caps_prompt_chunks_not_decodes():
     assert step(sched) == [(a, 10, True)]
     sched.add(b)
     sched.add(c)
-    # a decodes; b's chunk takes the whole cap, so c waits (the budget alone would admit it)
-    assert step(sched) == [(a, 1, True), (b, 30, False)]
+    # a decodes; b and c each get a chunk of at most the cap, both in this step
+    assert step(sched) == [(a, 1, True), (b, 30, False), (c, 30, False)]
     sched.prompt_tokens_cap = 80
-    assert step(sched) == [(a, 1, True), (b, 70, True), (c, 10, False)]
+    assert step(sched) == [(a, 1, True), (b, 70, True), (c, 20, True)]
     sched.prompt_tokens_cap = None  # the whole budget again
-    assert step(sched) == [(a, 1, True), (b, 1, True), (c, 40, True)]
+    d = seq(150, 3000)
+    sched.add(d)
+    assert step(sched) == [(a, 1, True), (b, 1, True), (c, 1, True), (d, 150, True)]

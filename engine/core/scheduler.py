@@ -36,9 +36,12 @@ class Scheduler:
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
         self.watermark_blocks = int(WATERMARK * block_manager.num_blocks)
-        # Prompt tokens one chunked step may take (None: the whole budget). The
-        # server lowers it (AsyncLLM) so that a long prompt's chunks keep each
-        # step, and so /health and the running streams, short.
+        # The longest chunk of one prompt a chunked step may take (None: the
+        # whole budget). The server lowers it (AsyncLLM) so that a long prompt's
+        # chunks keep each step, and so /health and the running streams, short.
+        # Per prompt, not per step: a step still admits as many waiting prompts
+        # as the budget holds, so many clients' first tokens never queue behind
+        # each other's decodes.
         self.prompt_tokens_cap: int | None = None
 
     def add(self, seq: Sequence) -> None:
@@ -60,17 +63,13 @@ class Scheduler:
 
     def _schedule_chunked(self) -> list[Sequence]:
         budget, batch, preempted = self.max_num_batched_tokens, [], False
-        prompt_left = budget if self.prompt_tokens_cap is None else self.prompt_tokens_cap
+        chunk = budget if self.prompt_tokens_cap is None else self.prompt_tokens_cap
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq not in self.running:  # preempted to make room for an older one
                 continue
-            left = len(seq) - seq.num_computed_tokens
-            prompt = left > 1  # a prompt's next chunk, not a decode
-            n = min(left, budget, prompt_left if prompt else budget)
-            if n == 0:
-                continue
+            n = min(len(seq) - seq.num_computed_tokens, budget, chunk)
             while not self.blocks.can_allocate(seq, n):
                 victim = self.running[-1]  # the newest; never one scheduled already
                 self._preempt(victim)
@@ -81,15 +80,13 @@ class Scheduler:
                 self.blocks.allocate(seq, n)
                 seq.num_scheduled_tokens = n
                 budget -= n
-                prompt_left -= n if prompt else 0
                 batch.append(seq)
         # as upstream: no new prompt in a step that had to preempt
-        while (not preempted and self.waiting and min(budget, prompt_left) > 0
+        while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
-            n = self._admit(self.waiting[0], min(budget, prompt_left))
+            n = self._admit(self.waiting[0], min(budget, chunk))
             if n is None:
                 break
-            prompt_left -= n
             seq = self.waiting.popleft()
             self.running.append(seq)
             batch.append(seq)

@@ -45,6 +45,11 @@ class _Stream:
 
 
 HEALTH_POLL_S = 1.0  # how often an idle engine checks its ranks
+# After a step this long (a prompt's chunk), the loop gets a few turns before the
+# next one: a new HTTP request takes several (accept, read, run the handler,
+# write), and one turn a step would make a /health probe wait several steps.
+LONG_STEP_S = 0.02
+HTTP_TURNS = 4
 
 
 class EngineDeadError(RuntimeError):
@@ -132,6 +137,9 @@ class AsyncLLM:
                     urgent = self._publish(stepped)
                     took = clock() - t0
                     pacer.stepped(took)
+                    if took >= LONG_STEP_S:
+                        for _ in range(HTTP_TURNS):
+                            await asyncio.sleep(0)
                     if self.chunks is not None:
                         self.chunks.stepped(sum(s.num_scheduled_tokens for s in core.last_scheduled
                                                 if s.num_scheduled_tokens > 1), took)

@@ -304,3 +304,30 @@ def app_in_process(model: Path, max_waiting: int | None = None, **engine_args):
                         special_tokens=chat_utils.special_tokens(core.path),
                         max_model_len=core.max_model_len, created=int(time.time()))
     return build_app(state), llm
+
+
+def http_status(url: str) -> int:
+    """The status of a GET, 0 when nothing answers."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def assert_dies_with_503(proc, url: str, log: Path, needle: str) -> None:
+    """A server whose rank or replica was just killed: /health 503 within 5 s,
+    then exit 1 with `needle` (the rank named) in its log."""
+    import time
+
+    t0 = time.monotonic()
+    while http_status(url + "/health") != 503:
+        assert time.monotonic() - t0 < 5, "no 503 on /health within 5 s"
+        time.sleep(0.1)
+    assert proc.wait(timeout=30) == 1
+    assert needle in log.read_text()

@@ -82,6 +82,18 @@ def test_pack_wna16_round_trips():
     assert packed[0, 0, 0].item() & 0xFFFFFFFF == want
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_wna16_takes_uint8_values_whole(bits):
+    """uint8 q of whole panels and groups (as the checkpoint readers give) is
+    packed without a padded copy; the top value's bits land in the sign bit."""
+    q, scales, zeros = _case(32, 64, bits, 32, seed=6)
+    q[:, :32 // bits] = 2 ** bits - 1  # column 0's first lane: every bit set
+    packed, s, z = pack_wna16(q.to(torch.uint8), scales, zeros, bits, 32)
+    assert torch.equal(reference.unpack_wna16(packed, s, z, bits, 32, 32, 64),
+                       _dense(q, scales, zeros, 32))
+    assert packed[0, 0, 0].item() == -1
+
+
 @pytest.mark.parametrize("rows", [1, LARGE_M])
 def test_layer_runs_the_kernel_and_the_large_m_panel_alike(rows):
     """The method's two paths (kernel below LARGE_M rows, dequantised panel

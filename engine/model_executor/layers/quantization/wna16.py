@@ -37,13 +37,16 @@ def pack_wna16(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits:
         raise ValueError(f"scales and zeros must be [{n}, {groups}], got "
                          f"{tuple(scales.shape)} and {tuple(zeros.shape)}")
     panels, kp = -(-n // PANEL), groups * group_size
-    qp = torch.zeros(panels * PANEL, kp, dtype=torch.int64)
-    qp[:n, :k] = q
-    shifts = torch.arange(pf, dtype=torch.int64) * bits
-    lanes = (qp.view(panels, PANEL, kp // pf, pf) << shifts).sum(-1)  # < 2**32
-    lanes = torch.where(lanes >= 2 ** 31, lanes - 2 ** 32, lanes)
+    qp = q
+    if q.dtype != torch.uint8 or q.shape != (panels * PANEL, kp) or not q.is_contiguous():
+        qp = torch.zeros(panels * PANEL, kp, dtype=torch.uint8)  # one byte a value, padded
+        qp[:n, :k] = q
+    values = qp.view(panels, PANEL, kp // pf, pf)
     packed = cpu_hugepages.empty((panels, kp // pf, PANEL), torch.int32)  # streamed every step
-    packed.copy_(lanes.permute(0, 2, 1))
+    lanes = packed.permute(0, 2, 1)  # [panels, PANEL, steps]
+    lanes.copy_(values[..., 0])
+    for j in range(1, pf):  # int32 shifts wrap into the sign bit: the lane's bits as they are
+        lanes.bitwise_or_(values[..., j].to(torch.int32).bitwise_left_shift_(j * bits))
 
     def per_panel(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         out = torch.zeros(panels * PANEL, groups, dtype=dtype)

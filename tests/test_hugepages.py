@@ -56,3 +56,29 @@ def test_packed_weights_lie_in_huge_pages():
 
     packed = pack_panels(torch.randn(2048, 2048))  # 16 MiB, streamed at every step
     assert anon_huge_kb(packed) >= 2048
+
+
+def mapped(addr: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return True
+    return False
+
+
+def test_a_transient_tensor_is_unmapped_when_freed():
+    """A quantized weight as read, freed once packed: its pages go back to the
+    system, not into a heap hole (whatever the THP mode)."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("mappings of their own on Linux only")
+    # glibc then serves up to 16 MiB from its heap (a freed mapped chunk raises the threshold)
+    torch.empty(16 << 20, dtype=torch.int8).fill_(0)
+    t = cpu_hugepages.transient((8 << 20,), torch.int8).fill_(1)
+    addr = t.data_ptr()
+    assert mapped(addr)
+    del t
+    assert not mapped(addr)
+    assert cpu_hugepages.transient((100,), torch.int8).numel() == 100  # small: torch's allocator

@@ -80,3 +80,16 @@ def test_int8_linear_rejects_a_misshapen_weight():
         torch.ops._C.int8_linear(torch.empty(2, 32), x, packed.float(), scale, comp, None)
     with pytest.raises(ValueError, match="weight_scale must be contiguous float32"):
         torch.ops._C.int8_linear(torch.empty(2, 32), x, packed, scale[:16], comp, None)
+
+
+def test_pack_int8_offsets_every_block_of_rows():
+    """pack_int8 sums the weight's rows COMP_ROWS at a time: every block, the
+    last one short, and a shape needing no padding (packed without a copy)."""
+    from engine.model_executor.layers.quantization.w8a8 import COMP_ROWS
+
+    for n, k in ((2 * COMP_ROWS + 16, 64), (2 * COMP_ROWS + 5, 50)):
+        w = torch.randint(-128, 128, (n, k), dtype=torch.int8,
+                          generator=torch.Generator().manual_seed(n))
+        packed, comp = pack_int8(w)
+        assert torch.equal(reference.unpack_int8(packed, n, k), w)
+        assert torch.equal(comp[:n], w.int().sum(1) * 128) and not comp[n:].any()

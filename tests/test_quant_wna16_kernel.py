@@ -8,7 +8,8 @@ import torch
 from test_ops import _isas
 
 from engine import ops, reference
-from engine.model_executor.layers.quantization.wna16 import LARGE_M, WNA16, pack_wna16
+from engine.model_executor.layers.quantization.wna16 import (LARGE_M, WNA16, dequant_buffer,
+                                                             pack_wna16)
 
 pytestmark = pytest.mark.skipif(not ops.has_wna16_linear(),
                                 reason="no wna16 kernel in this build / on this CPU")
@@ -82,6 +83,18 @@ def test_pack_wna16_round_trips():
     assert packed[0, 0, 0].item() & 0xFFFFFFFF == want
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_wna16_takes_uint8_values_whole(bits):
+    """uint8 q of whole panels and groups (as the checkpoint readers give) is
+    packed without a padded copy; the top value's bits land in the sign bit."""
+    q, scales, zeros = _case(32, 64, bits, 32, seed=6)
+    q[:, :32 // bits] = 2 ** bits - 1  # column 0's first lane: every bit set
+    packed, s, z = pack_wna16(q.to(torch.uint8), scales, zeros, bits, 32)
+    assert torch.equal(reference.unpack_wna16(packed, s, z, bits, 32, 32, 64),
+                       _dense(q, scales, zeros, 32))
+    assert packed[0, 0, 0].item() == -1
+
+
 @pytest.mark.parametrize("rows", [1, LARGE_M])
 def test_layer_runs_the_kernel_and_the_large_m_panel_alike(rows):
     """The method's two paths (kernel below LARGE_M rows, dequantised panel
@@ -99,6 +112,14 @@ def test_layer_runs_the_kernel_and_the_large_m_panel_alike(rows):
     x = torch.randn(rows, k)
     want = x[:, perm] @ _dense(q, scales, zeros, group).T + layer.bias
     torch.testing.assert_close(method.apply(layer, x), want, atol=1e-4, rtol=1e-4)
+
+
+def test_large_m_layers_share_one_dequant_buffer():
+    a = dequant_buffer(64, 32, torch.float32)
+    b = dequant_buffer(16, 24, torch.float32)
+    assert b.data_ptr() == a.data_ptr() and b.shape == (16, 24) and b.is_contiguous()
+    assert dequant_buffer(128, 32, torch.float32).shape == (128, 32)  # grown for a larger one
+    assert dequant_buffer(8, 8, torch.bfloat16).dtype == torch.bfloat16
 
 
 def test_wna16_linear_rejects_a_misshapen_weight():

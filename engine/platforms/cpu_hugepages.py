@@ -49,6 +49,21 @@ def thp_mode(root: Path = Path("/")) -> str | None:
     return next((w[1:-1] for w in text.split() if w.startswith("[")), None)
 
 
+def _mapped(shape, dtype: torch.dtype, advice: int | None) -> torch.Tensor:
+    """An empty tensor in a fresh anonymous mapping of its own, 2 MiB-aligned and
+    given `advice` (madvise) before anything touches it; unmapped when freed."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    offset = -addr % HUGE
+    if advice is not None:
+        _madvise()(addr + offset, -(-nbytes // HUGE) * HUGE, advice)
+    with warnings.catch_warnings():  # frombuffer warns of non-writable buffers; this one is
+        warnings.simplefilter("ignore")
+        flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    return flat.view(dtype).view(shape)
+
+
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """torch.empty on the CPU in huge pages where the kernel allows: a fresh
     anonymous mapping of its own, 2 MiB-aligned and advised before anything
@@ -56,14 +71,33 @@ def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     freed tensor touched already, in 4 KiB pages that stay so.) Unmapped when
     the tensor is freed."""
     nbytes = math.prod(shape) * dtype.itemsize
-    fn = _madvise()
-    if fn is None or nbytes < HUGE or thp_mode() not in ("always", "madvise"):
+    if _madvise() is None or nbytes < HUGE or thp_mode() not in ("always", "madvise"):
         return torch.empty(shape, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    offset = -addr % HUGE
-    fn(addr + offset, -(-nbytes // HUGE) * HUGE, MADV_HUGEPAGE)
-    with warnings.catch_warnings():  # frombuffer warns of non-writable buffers; this one is
-        warnings.simplefilter("ignore")
-        flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
-    return flat.view(dtype).view(shape)
+    return _mapped(shape, dtype, MADV_HUGEPAGE)
+
+
+def transient(shape, dtype: torch.dtype) -> torch.Tensor:
+    """torch.empty on the CPU for a large tensor that lives only through loading
+    (a quantized weight as the checkpoint holds it, before it is packed): a
+    mapping of its own where it is HUGE or more on Linux, so that freeing it
+    gives its pages back. (From torch's allocator, glibc's heap would keep them
+    as a hole the packed weights, in mappings of their own, never reuse: the
+    process's memory would keep both copies.)"""
+    if _madvise() is None or math.prod(shape) * dtype.itemsize < HUGE:
+        return torch.empty(shape, dtype=dtype)
+    return _mapped(shape, dtype, None)
+
+
+def trim_heap() -> None:
+    """Give the pages of freed heap memory back to the system (glibc's
+    malloc_trim; elsewhere nothing). Loading leaves holes there: a quantized
+    checkpoint's tensors as read and the transients of packing them, freed
+    once the packed weights (in mappings of their own) are made; glibc returns
+    only the heap's top on its own, so without this the process's memory would
+    keep them."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    trim = getattr(libc, "malloc_trim", None)  # glibc's; musl has none
+    if trim is not None:
+        trim(0)

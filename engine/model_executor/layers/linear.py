@@ -47,8 +47,10 @@ def pack_panels(weight: torch.Tensor, k_pack: int = 1) -> torch.Tensor:
     zero-padded past K."""
     n, k = weight.shape
     panels, steps = -(-n // PANEL), -(-k // k_pack)
-    padded = weight.new_zeros(panels * PANEL, steps * k_pack)
-    padded[:n, :k] = weight
+    padded = weight
+    if (panels * PANEL, steps * k_pack) != (n, k):  # a zero-padded copy; else none
+        padded = weight.new_zeros(panels * PANEL, steps * k_pack)
+        padded[:n, :k] = weight
     out = cpu_hugepages.empty((panels, steps, PANEL * k_pack), weight.dtype)  # streamed every step
     out.view(panels, steps, PANEL, k_pack).copy_(
         padded.view(panels, PANEL, steps, k_pack).permute(0, 2, 1, 3))

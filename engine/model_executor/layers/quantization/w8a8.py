@@ -8,10 +8,13 @@ from torch import nn
 
 from engine import ops
 from engine.model_executor.layers.linear import pack_panels
+from engine.platforms import cpu_hugepages
 
 PANEL = ops.PANEL
 #: k values per 32-bit lane of the packed weight (one vpdpbusd step)
 K_PACK = 4
+#: rows of the weight widened to int32 at a time for the offset correction
+COMP_ROWS = 256
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -24,7 +27,9 @@ def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     int32 [ceil(N/16) * 16], zero past N) as csrc/cpu/int8_linear_impl.h reads them."""
     n = weight.shape[0]
     comp = torch.zeros(-(-n // PANEL) * PANEL, dtype=torch.int32)
-    comp[:n] = weight.sum(1, dtype=torch.int32) * 128
+    for r in range(0, n, COMP_ROWS):  # sum(dtype=int32) widens its input: a block at a time
+        rows = weight[r:r + COMP_ROWS]
+        comp[r:r + rows.shape[0]] = rows.sum(1, dtype=torch.int32) * 128
     return pack_panels(weight, K_PACK), comp
 
 
@@ -44,7 +49,8 @@ class W8A8Int8:
     def create_weights(self, layer: nn.Module) -> None:
         n, k = layer.weight.shape
         sizes = getattr(layer.weight, "shard_sizes", None)  # fused parts, for the loader
-        layer.weight = _param(torch.empty(n, k, dtype=torch.int8))
+        # read once, packed, then freed: in a mapping of its own, given back when freed
+        layer.weight = _param(cpu_hugepages.transient((n, k), torch.int8))
         layer.weight_scale = _param(torch.empty(n, 1, dtype=torch.float32))
         if sizes is not None:
             layer.weight.shard_sizes = layer.weight_scale.shard_sizes = sizes

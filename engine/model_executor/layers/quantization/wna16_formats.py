@@ -52,20 +52,22 @@ class Reader:
         return self.where[key].get_tensor(key)
 
 
-def unpack_int32(packed: torch.Tensor, bits: int, dim: int, order=None) -> torch.Tensor:
-    """int32 [R, C] -> int32 values, 32/bits each along `dim` ([R, C*pf] or
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int, order=None,
+                 dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """int32 [R, C] -> `dtype` values, 32/bits each along `dim` ([R, C*pf] or
     [R*pf, C]): value i at bits i*bits, unsigned; order[j]: the value that is
-    element j (AWQ's), else value i is element i."""
+    element j (AWQ's), else value i is element i. One value at a time, so that
+    a weight's transients stay a fraction of it (uint8 q: 1 byte a value)."""
     if packed.dtype != torch.int32 or packed.dim() != 2:
         raise ValueError(f"a packed tensor must be 2-D int32, got {packed.dtype} "
                          f"{tuple(packed.shape)}")
     pf = 32 // bits
-    shifts = torch.arange(pf, dtype=torch.int32) * bits
-    v = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    if order is not None:
-        v = v[..., list(order)]
     r, c = packed.shape
-    return v.reshape(r, c * pf) if dim == 1 else v.permute(0, 2, 1).reshape(r * pf, c)
+    v = torch.empty(r, c, pf, dtype=dtype)
+    for j in range(pf):
+        i = j if order is None else order[j]
+        v[..., j] = (packed >> (i * bits)) & ((1 << bits) - 1)
+    return v.view(r, c * pf) if dim == 1 else v.permute(0, 2, 1).reshape(r * pf, c)
 
 
 def _check(name: str, what: str, t: torch.Tensor, shape: tuple) -> torch.Tensor:
@@ -83,7 +85,7 @@ def read_compressed_tensors(r: Reader, name: str, bits: int, group_size: int | N
     group = group_size or k
     groups, pf = -(-k // group), 32 // bits
     packed = _check(name, "weight_packed", r.get(f"{name}.weight_packed"), (n, -(-k // pf)))
-    q = unpack_int32(packed, bits, 1)[:, :k]
+    q = unpack_int32(packed, bits, 1, dtype=torch.uint8)[:, :k]
     scales = _check(name, "weight_scale", r.get(f"{name}.weight_scale"), (n, groups))
     if symmetric:
         zeros = torch.full((n, groups), 1 << (bits - 1), dtype=torch.int32)
@@ -102,7 +104,8 @@ def read_gptq(r: Reader, name: str, bits: int, group_size: int, symmetric: bool,
     n = qweight.shape[1]
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
-    q = unpack_int32(_check(name, "qweight", qweight, (-(-k // pf), n)), bits, 0)[:k].T
+    q = unpack_int32(_check(name, "qweight", qweight, (-(-k // pf), n)), bits, 0,
+                     dtype=torch.uint8)[:k].T
     scales = _check(name, "scales", r.get(f"{name}.scales"), (groups, n)).T
     if symmetric:  # as vLLM: the stored zeros are not read
         zeros = torch.full((n, groups), 1 << (bits - 1), dtype=torch.int32)
@@ -120,7 +123,8 @@ def read_awq(r: Reader, name: str, group_size: int, zero_point: bool, k: int) ->
     n = qweight.shape[1] * 8
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
-    q = unpack_int32(_check(name, "qweight", qweight, (k, n // 8)), 4, 1, _AWQ_REVERSE).T
+    q = unpack_int32(_check(name, "qweight", qweight, (k, n // 8)), 4, 1, _AWQ_REVERSE,
+                     dtype=torch.uint8).T
     scales = _check(name, "scales", r.get(f"{name}.scales"), (groups, n)).T
     if zero_point:
         qz = _check(name, "qzeros", r.get(f"{name}.qzeros"), (groups, n // 8))

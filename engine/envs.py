@@ -96,6 +96,14 @@ def prefill_attention(env: Mapping[str, str] | None = None) -> str:
     return _choice(_env(env), "VLLM_PREFILL_ATTENTION", PREFILL_ATTENTION_CHOICES, "paged")
 
 
+def cpu_keep_freed_memory(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_CPU_KEEP_FREED_MEMORY: `1` (default) keeps glibc's malloc from
+    returning a step's freed activations to the kernel once the model is loaded
+    (engine.platforms.cpu_malloc: no page faults per step, resident memory at the
+    largest step's); `0` leaves malloc as it is."""
+    return _choice(_env(env), "VLLM_CPU_KEEP_FREED_MEMORY", ("0", "1"), "1") == "1"
+
+
 def zentorch_weight_prepack(env: Mapping[str, str] | None = None) -> bool:
     """VLLM_ZENTORCH_WEIGHT_PREPACK: upstream's switch for AMD Zen (the zen_cpu
     platform): `1` (default) lays linear weights out at load as VLLM_CPU_LINEAR

@@ -10,7 +10,7 @@
 #pragma once
 
 // Keys per tile.
-constexpr int64_t kPrefillKeys = 16;
+constexpr int64_t kPrefillKeys = 24;
 // Query rows (tokens x heads of the group) per tile, padded to whole vectors.
 constexpr int64_t kPrefillRows = 64;
 // A score no real one reaches: masked keys and the running max's start. Finite,
@@ -45,18 +45,30 @@ inline void prefill_scores_block(float* s, const float* const* k, const float* q
     for (int v = 0; v < RV; ++v) vstore(s + j * R + r0 + v * W, a[j][v]);
 }
 
+// Register blocks: KB keys x RV vectors of rows for the scores, ROWS rows x U
+// vectors of columns for p V; 24 accumulators with AVX-512's 32 registers, 12
+// with AVX2's 16, so each broadcast or load feeds 4-6 FMAs.
+#if ENGINE_VEC_WIDTH >= 16
+constexpr int kScoreKeys = 6, kScoreVecs = 4, kPvRows = 6;
+#else
+constexpr int kScoreKeys = 6, kScoreVecs = 2, kPvRows = 3;
+#endif
+
 template <int KB>
 inline void prefill_scores_keys(float* s, const float* const* k, const float* qt, int64_t R,
                                 int64_t D) {
   int64_t r0 = 0;
-  for (; r0 + 2 * W <= R; r0 += 2 * W) prefill_scores_block<KB, 2>(s, k, qt, R, D, r0);
+  for (; r0 + kScoreVecs * W <= R; r0 += kScoreVecs * W)
+    prefill_scores_block<KB, kScoreVecs>(s, k, qt, R, D, r0);
   for (; r0 < R; r0 += W) prefill_scores_block<KB, 1>(s, k, qt, R, D, r0);
 }
 
 inline void prefill_scores(float* s, const float* const* k, const float* qt, int64_t R,
                            int64_t nk, int64_t D) {
   int64_t j = 0;
-  for (; j + 4 <= nk; j += 4) prefill_scores_keys<4>(s + j * R, k + j, qt, R, D);
+  for (; j + kScoreKeys <= nk; j += kScoreKeys)
+    prefill_scores_keys<kScoreKeys>(s + j * R, k + j, qt, R, D);
+  for (; j + 2 <= nk; j += 2) prefill_scores_keys<2>(s + j * R, k + j, qt, R, D);
   for (; j < nk; ++j) prefill_scores_keys<1>(s + j * R, k + j, qt, R, D);
 }
 
@@ -100,6 +112,7 @@ inline void prefill_pv_rows(float* o, const float* p, const float* alpha, const 
 inline void prefill_pv(float* o, const float* p, const float* alpha, const float* const* v,
                        int64_t rows, int64_t nk, int64_t R, int64_t D) {
   int64_t r = 0;
+  for (; r + kPvRows <= rows; r += kPvRows) prefill_pv_rows<kPvRows>(o, p, alpha, v, nk, R, D, r);
   for (; r + 2 <= rows; r += 2) prefill_pv_rows<2>(o, p, alpha, v, nk, R, D, r);
   for (; r < rows; ++r) prefill_pv_rows<1>(o, p, alpha, v, nk, R, D, r);
 }

@@ -16,7 +16,7 @@ from engine.model_executor.model_loader import load_weights
 from engine.model_executor.models.registry import model_class
 from engine.platforms import ZenCpuPlatform
 from engine.platforms import current as current_platform
-from engine.platforms import cpu_binding, cpu_hugepages, cpu_preload
+from engine.platforms import cpu_binding, cpu_hugepages, cpu_malloc, cpu_preload
 from engine.platforms.cpu_features import PLAIN
 from engine.worker.model_runner import ModelRunner
 
@@ -56,7 +56,9 @@ def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
         else:
             linear_mode = log_cpu_linear_choice(config.dtype).mode
         model.prepare_linear(linear_mode)
-        cpu_hugepages.trim_heap()  # what loading and packing freed
+        cpu_hugepages.trim_heap()  # what loading and packing freed goes back first
+        if envs.cpu_keep_freed_memory():
+            cpu_malloc.keep_freed_memory()  # then a step's freed activations stay
     runner = ModelRunner(model, blocks, config.dtype, device)
     runner.linear_mode = linear_mode
     return runner

@@ -160,9 +160,11 @@ class DPEngineCore:
                 while conn.poll(0):
                     try:
                         self._pending.append((rank, conn.recv()))
-                    except EOFError:
+                    except (EOFError, OSError):  # closed, or reset by a killed replica
                         break
             gone = [sentinels[r] for r in ready if r in sentinels]
+            if not self._pending and not gone:  # a reset pipe can come before the sentinel
+                gone = [rank for rank, p in enumerate(self.procs) if not p.is_alive()]
             if not self._pending and gone:
                 proc = self.procs[gone[0]]
                 proc.join(2)  # its exit code

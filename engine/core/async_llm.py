@@ -49,7 +49,7 @@ HEALTH_POLL_S = 1.0  # how often an idle engine checks its ranks
 # next one: a new HTTP request takes several (accept, read, run the handler,
 # write), and one turn a step would make a /health probe wait several steps.
 LONG_STEP_S = 0.02
-HTTP_TURNS = 4
+HTTP_TURNS = 12
 
 
 class EngineDeadError(RuntimeError):

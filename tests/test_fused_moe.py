@@ -6,20 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_ops import _isas
+from test_ops import isa  # noqa: F401  (autouse: every test on each code path)
 
 from engine import ops, reference
 from engine.model_executor.layers.fused_moe import pack_experts, select_experts
 
 pytestmark = pytest.mark.skipif(not ops.has_fused_moe(),
                                 reason="no fused MoE kernel in this build / on this CPU")
-
-
-@pytest.fixture(params=_isas(), autouse=True)
-def isa(request):
-    assert ops.select_cpu_isa(request.param) == request.param
-    yield request.param
-    ops.select_cpu_isa("auto")
 
 
 def _case(t, h, i, e, k, dtype, seed=0):

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ops import _isas
+from test_ops import isa  # noqa: F401  (autouse: every test on each code path)
 
 from engine import ops, reference
 from engine.model_executor.layers.quantization.w8a8 import pack_int8
 
 pytestmark = pytest.mark.skipif(not ops.has_int8_linear(),
                                 reason="no int8 linear kernel in this build / on this CPU")
-
-
-@pytest.fixture(params=_isas(), autouse=True)
-def isa(request):
-    assert ops.select_cpu_isa(request.param) == request.param
-    yield request.param
-    ops.select_cpu_isa("auto")
 
 
 def _case(m, n, k, dtype, seed=0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ops import _isas
+from test_ops import isa  # noqa: F401  (autouse: every test on each code path)
 
 from engine import ops, reference
 from engine.model_executor.layers.quantization.wna16 import (LARGE_M, WNA16, dequant_buffer,
@@ -13,13 +13,6 @@ from engine.model_executor.layers.quantization.wna16 import (LARGE_M, WNA16, deq
 
 pytestmark = pytest.mark.skipif(not ops.has_wna16_linear(),
                                 reason="no wna16 kernel in this build / on this CPU")
-
-
-@pytest.fixture(params=_isas(), autouse=True)
-def isa(request):
-    assert ops.select_cpu_isa(request.param) == request.param
-    yield request.param
-    ops.select_cpu_isa("auto")
 
 
 def _case(n, k, bits, group, seed=0):

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Engines commit their whole KV cache at start (as upstream's do); the tests' models
+# are tiny, so a test's engine (and a server it starts) takes 1/32 of the 4 GiB default.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.125")
 
 from helpers import REPO, UV, Server, build_torch_mirror, run, torch_wheelhouse  # noqa: E402
 

@@ -114,7 +114,9 @@ def main() -> int:
     schemes = [x for x in a.schemes.split(",") if x]
     if not schemes or set(schemes) - set(DECODE):
         raise SystemExit(f"--schemes takes some of {', '.join(DECODE)}, got {a.schemes!r}")
-    env = peer_env(a.threads)
+    # a KV cache the runs need (16 x 96 tokens, 4 x 480): engines commit theirs at start,
+    # and the RSS compared is the weights'
+    env = peer_env(a.threads, kv_gib="0.25")
     ours = {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     requests = [f"decode {b}" for b in BATCHES] + ["prefill"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,8 +132,13 @@ def main() -> int:
         sides = []
         try:
             for python, kind, model, e, name in specs:
-                sides.append(Side(python, kind, str(model), a.new, e,
-                                  Path(tmp) / f"{name.replace(' ', '-')}.log", name))
+                log = Path(tmp) / f"{name.replace(' ', '-')}.log"
+                try:
+                    sides.append(Side(python, kind, str(model), a.new, e, log, name))
+                except SystemExit:
+                    if kind != "vllm":
+                        raise
+                    print(f"{name} did not start, left out: {peer_failure(log)}")
             for req in requests:
                 for _ in range(a.repeats):
                     for side in sides:
@@ -146,6 +153,13 @@ def main() -> int:
         q, peer = by_name[f"engine {s}"], by_name.get(f"vllm {s}")
         report(targets, s, q, base, peer, requests)
     return targets.finish(a.check, record_as="quant" if a.record else None)
+
+
+def peer_failure(log: Path) -> str:
+    """The last error line a peer that failed to start logged."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+             if "Error" in ln or "error" in ln]
+    return lines[-1][:300] if lines else f"see {log}"
 
 
 def report(targets, s: str, q: Side, base: Side, peer: Side | None, requests) -> None:

@@ -102,3 +102,5 @@ def _select_cpu_isa() -> None:
             f"{exc} ({cpu_features.describe(features)})") from None
     compiled = [i for i in torch.ops._C.cpu_compiled_isas().split(",") if i]
     torch.ops._C.select_cpu_isa(cpu_features.choose_isa(requested, features, compiled))
+    # the capped flags: VLLM_CPU_MAX_ISA below avx512_bf16 hides AMX too
+    torch.ops._C.cpu_set_amx_int8("amx_int8" in features.flags)

@@ -102,6 +102,12 @@ def int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Ten
     fn(out, input, packed_weight, weight_scale, weight_comp, input_scale)
 
 
+def set_amx_int8(enable: bool) -> bool:
+    """Let int8_linear use AMX-INT8 tiles (engine._kernels turns them on where the
+    CPU, as VLLM_CPU_MAX_ISA caps it, has amx_int8); whether they now run."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_set_amx_int8(enable))
+
+
 def has_int8_linear() -> bool:
     """Whether the CPU code path in use has the int8 linear kernel (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_int8_linear())

@@ -1,6 +1,7 @@
 """The W8A8 kernel (int8 x int8 -> int32, per-token and per-channel scales)
 against engine.reference.int8_linear, bit for bit, on every compiled CPU code
-path this CPU can run: VNNI on avx512_bf16, widened int16 on avx512 and avx2."""
+path this CPU can run: VNNI on avx512_bf16, widened int16 on avx512 and avx2;
+and AMX-INT8 tiles on avx512_bf16 where the CPU has them (from 8 rows)."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +10,23 @@ from test_ops import isa  # noqa: F401  (autouse: every test on each code path)
 
 from engine import ops, reference
 from engine.model_executor.layers.quantization.w8a8 import pack_int8
+from engine.platforms import cpu_features
 
 pytestmark = pytest.mark.skipif(not ops.has_int8_linear(),
                                 reason="no int8 linear kernel in this build / on this CPU")
+
+
+@pytest.fixture(autouse=True, params=["vector", "amx"])
+def tiles(request, isa):
+    """Each test with the vector kernel and, where this CPU has AMX-INT8, the tiles."""
+    amx = request.param == "amx"
+    if amx and "amx_int8" not in cpu_features.current().flags:
+        pytest.skip("AMX-INT8: this CPU has no amx_int8 (or VLLM_CPU_MAX_ISA hides it)")
+    if ops.set_amx_int8(amx) != amx:
+        ops.set_amx_int8(True)
+        pytest.skip(f"AMX-INT8: the {isa} code path has no AMX kernel")
+    yield request.param
+    ops.set_amx_int8("amx_int8" in cpu_features.current().flags)
 
 
 def _case(m, n, k, dtype, seed=0):
@@ -25,7 +40,7 @@ def _case(m, n, k, dtype, seed=0):
 # rows across the decode (<= 16) and prefill tiles, columns past a panel and
 # odd, k not a multiple of 4
 @pytest.mark.parametrize("m,n,k", [(1, 16, 64), (1, 33, 7), (3, 50, 130), (16, 64, 257),
-                                   (17, 40, 96), (40, 100, 33)])
+                                   (17, 40, 96), (40, 100, 33), (8, 48, 5456), (33, 80, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("static", [False, True])
 def test_int8_linear_matches_reference(m, n, k, dtype, static):

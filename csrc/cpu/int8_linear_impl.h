@@ -162,9 +162,10 @@ inline I8TileFn<Ops> i8_tile_fn(int mr) {
 
 // q[m, :] = round(x[m, :] / s[m]), s[m] = max|x[m, :]| / 127 (1 for a zero row)
 // or the static scale.
+// ldq >= K: q's row stride; the bytes past K are zeroed.
 template <typename T>
 void quant_rows(int8_t* q, float* scale, const T* x, int64_t M, int64_t K, int64_t ldx,
-                const float* static_scale) {
+                const float* static_scale, int64_t ldq) {
 #pragma omp parallel for schedule(static) if (M * K >= (int64_t{1} << 16))
   for (int64_t m = 0; m < M; ++m) {
     const T* xr = x + m * ldx;
@@ -179,13 +180,14 @@ void quant_rows(int8_t* q, float* scale, const T* x, int64_t M, int64_t K, int64
       if (s == 0.f) s = 1.f;
     }
     scale[m] = s;
-    int8_t* qr = q + m * K;
+    int8_t* qr = q + m * ldq;
 #pragma omp simd
     for (int64_t k = 0; k < K; ++k) {
       float v = nearbyintf(Elem<T>::load(xr[k]) / s);
       v = v < -128.f ? -128.f : (v > 127.f ? 127.f : v);
       qr[k] = static_cast<int8_t>(static_cast<int32_t>(v));
     }
+    for (int64_t k = K; k < ldq; ++k) qr[k] = 0;
   }
 }
 
@@ -248,7 +250,7 @@ void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* 
                    int64_t ldx, int64_t ldo) {
   int8_t* q = static_cast<int8_t*>(aligned_alloc(64, ((M * K + 63) / 64) * 64));
   float* a_scale = static_cast<float*>(malloc(sizeof(float) * M));
-  quant_rows(q, a_scale, x, M, K, ldx, static_scale);
+  quant_rows(q, a_scale, x, M, K, ldx, static_scale, K);
 #ifdef __AVX512VNNI__
   // 16 rows by one panel at decode (the weight read once), 8 rows by two
   // panels for more (two weight loads per 16 dot products), as linear_impl.h.
@@ -264,3 +266,123 @@ void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* 
   free(q);
   free(a_scale);
 }
+
+// ---- AMX-INT8 ---------------------------------------------------------------
+// On CPUs with AMX (Sapphire Rapids and later) tdpbssd multiplies a 16 x 64
+// int8 tile by a 64 x 16 one in one instruction, 16x vpdpbusd's work: the
+// weight stream is the whole cost at every M. The packed layout above is
+// already AMX's B layout: a panel's 16 steps (64 k) are one 16-row x 64-byte
+// tile. Signed x signed (tdpbssd), so no offset and no comp. Compiled into the
+// avx512_bf16 path with a target attribute and used only when the caller has
+// checked the CPU (engine.platforms.cpu_features) and the kernel granted the
+// tile state (amx_int8_permitted).
+#if defined(__AVX512VNNI__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && \
+    defined(__linux__)
+#define ENGINE_HAS_AMX_INT8 1
+}  // namespace
+}  // namespace engine_cpu
+#include <sys/syscall.h>
+#include <unistd.h>
+namespace engine_cpu {
+namespace {
+
+// Linux hands out the AMX tile data state only to a process that asks
+// (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); once is enough for all threads.
+inline bool amx_int8_permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+struct alignas(64) AmxConfig {
+  uint8_t palette, start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles: 0, 1 the int32 sums of two panels (mr x 16); 2 the activations (mr x
+// 64 bytes); 3, 4 the panels' 16 steps; 5, 6, 7 the same for the last, short
+// group of `tail` steps (tail > 0).
+__attribute__((target("amx-tile,amx-int8"))) inline void amx_configure(int mr, int64_t tail) {
+  AmxConfig c{};
+  c.palette = 1;
+  for (int t = 0; t < 3; ++t) c.rows[t] = static_cast<uint8_t>(mr), c.colsb[t] = 64;
+  for (int t = 3; t < 5; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  if (tail > 0) {
+    c.rows[5] = static_cast<uint8_t>(mr), c.colsb[5] = static_cast<uint16_t>(4 * tail);
+    for (int t = 6; t < 8; ++t) c.rows[t] = static_cast<uint8_t>(tail), c.colsb[t] = 64;
+  }
+  _tile_loadconfig(&c);
+}
+
+// c[r, 0:16 * np] = sum_k q[r, k] W[n, k] for np (1 or 2) panels from p0.
+__attribute__((target("amx-tile,amx-int8"))) inline void amx_block(
+    const int8_t* q, int64_t ldq, const int8_t* p0, int64_t panel_size, int np, int64_t full,
+    int64_t tail, int32_t* c) {
+  constexpr int64_t CHUNK = 16 * 4 * kPanel;  // bytes of a panel's 16 steps
+  const int8_t* p1 = p0 + panel_size;
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t s = 0; s < full; ++s) {
+    _tile_loadd(2, q + s * 64, ldq);
+    _tile_loadd(3, p0 + s * CHUNK, 64);
+    _tile_dpbssd(0, 2, 3);
+    if (np == 2) {
+      _tile_loadd(4, p1 + s * CHUNK, 64);
+      _tile_dpbssd(1, 2, 4);
+    }
+  }
+  if (tail > 0) {
+    _tile_loadd(5, q + full * 64, ldq);
+    _tile_loadd(6, p0 + full * CHUNK, 64);
+    _tile_dpbssd(0, 5, 6);
+    if (np == 2) {
+      _tile_loadd(7, p1 + full * CHUNK, 64);
+      _tile_dpbssd(1, 5, 7);
+    }
+  }
+  _tile_stored(0, c, 2 * kPanel * 4);
+  if (np == 2) _tile_stored(1, c + kPanel, 2 * kPanel * 4);
+}
+
+template <typename T>
+__attribute__((target("amx-tile,amx-int8"))) void int8_linear_amx_t(
+    T* out, const T* x, const float* static_scale, const int8_t* packed, const float* w_scale,
+    int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+  const int64_t ldq = (K + 63) / 64 * 64;  // rows zero-padded to whole 64-byte tiles
+  int8_t* q = static_cast<int8_t*>(aligned_alloc(64, M * ldq));
+  float* a_scale = static_cast<float*>(malloc(sizeof(float) * M));
+  quant_rows(q, a_scale, x, M, K, ldx, static_scale, ldq);
+  const int64_t steps = (K + 3) / 4, full = steps / 16, tail = steps % 16;
+  const int64_t panel_size = steps * 4 * kPanel;
+  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + 1) / 2;
+  const int64_t tiles = (M + 15) / 16;
+#pragma omp parallel if (M * N * K >= (int64_t{1} << 18))
+  {
+    int configured = 0;  // the mr this thread's tiles are set up for
+    alignas(64) int32_t c[16 * 2 * kPanel];
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int np = static_cast<int>(panels - 2 * g < 2 ? panels - 2 * g : 2);
+      const int64_t n0 = 2 * g * kPanel, cols = N - n0 < np * kPanel ? N - n0 : np * kPanel;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m0 = 16 * t;
+        const int mr = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
+        if (mr != configured) amx_configure(mr, tail), configured = mr;
+        amx_block(q + m0 * ldq, ldq, packed + 2 * g * panel_size, panel_size, np, full, tail, c);
+        for (int r = 0; r < mr; ++r) {
+          T* o = out + (m0 + r) * ldo + n0;
+          const float as = a_scale[m0 + r];
+          for (int64_t j = 0; j < cols; ++j) {
+            const float v = static_cast<float>(c[r * 2 * kPanel + j]) * as;  // as the reference
+            o[j] = Elem<T>::store(v * w_scale[n0 + j]);
+          }
+        }
+      }
+    }
+    if (configured) _tile_release();
+  }
+  free(q);
+  free(a_scale);
+}
+#endif  // AMX-INT8

@@ -89,6 +89,12 @@ struct KernelTable {
   void (*int8_linear)(DType dt, void* out, const void* x, const float* static_scale,
                       const int8_t* packed, const float* w_scale, const int32_t* comp,
                       int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo);
+  // The same with AMX-INT8 tiles (comp unused): on the avx512_bf16 path of a
+  // compiler with AMX, null elsewhere. Only for a CPU with amx_int8 (the caller
+  // checks); false when the OS refuses the tile state (nothing is written).
+  bool (*int8_linear_amx)(DType dt, void* out, const void* x, const float* static_scale,
+                          const int8_t* packed, const float* w_scale, const int32_t* comp,
+                          int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo);
   // Prefill (and chunked-prefill) attention over the paged cache. query/out:
   // [T, heads, head_size] contiguous; sequence b's queries are rows
   // query_start_loc[b] .. query_start_loc[b + 1] - 1 and sit at the last

@@ -897,6 +897,25 @@ void int8_linear(DType dt, void* out, const void* x, const float* static_scale,
                   packed, w_scale, comp, M, N, K, ldx, ldo);
 }
 #define ENGINE_INT8_LINEAR int8_linear
+#ifdef ENGINE_HAS_AMX_INT8
+// As int8_linear, with AMX tiles; null where not compiled. Returns false (and
+// does nothing) when the kernel refuses this process the tile state.
+bool int8_linear_amx(DType dt, void* out, const void* x, const float* static_scale,
+                     const int8_t* packed, const float* w_scale, const int32_t*, int64_t M,
+                     int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+  if (!amx_int8_permitted()) return false;
+  if (dt == DType::kFloat32)
+    int8_linear_amx_t(static_cast<float*>(out), static_cast<const float*>(x), static_scale,
+                      packed, w_scale, M, N, K, ldx, ldo);
+  else
+    int8_linear_amx_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+                      static_scale, packed, w_scale, M, N, K, ldx, ldo);
+  return true;
+}
+#define ENGINE_INT8_LINEAR_AMX int8_linear_amx
+#else
+#define ENGINE_INT8_LINEAR_AMX nullptr
+#endif
 
 #include "moe_impl.h"
 void fused_moe(DType dt, bool pairs, void* out, const void* x, const void* w13, const void* w2,
@@ -924,6 +943,7 @@ void fused_moe(DType dt, bool pairs, void* out, const void* x, const void* w13, 
 #define ENGINE_FUSED_MOE fused_moe
 #else
 #define ENGINE_INT8_LINEAR nullptr
+#define ENGINE_INT8_LINEAR_AMX nullptr
 #define ENGINE_LINEAR nullptr
 #define ENGINE_FUSED_MOE nullptr
 #endif
@@ -943,7 +963,8 @@ void linear_bf16_pairs(void* out, const void* x, const void* packed, const void*
 const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
-    ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, paged_prefill_attention, ENGINE_FUSED_MOE,
+    ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, ENGINE_INT8_LINEAR_AMX,
+    paged_prefill_attention, ENGINE_FUSED_MOE,
 };
 
 }  // namespace

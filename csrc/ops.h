@@ -51,9 +51,10 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& query,
 void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
             const std::optional<at::Tensor>& bias);
 bool has_int8_linear();
-// Let int8_linear use AMX-INT8 tiles (the caller has checked the CPU's amx_int8
-// flag); returns whether the code path in use has them, i.e. whether they run.
-bool set_amx_int8(bool enable);
+// Let the kernels use AMX tiles (int8_linear; bfloat16 prefill attention): the
+// caller has checked the CPU's amx flags. Returns whether the code path in use
+// has AMX kernels, i.e. whether they run.
+bool set_amx(bool enable);
 void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
                  const at::Tensor& weight_scale, const at::Tensor& weight_comp,
                  const std::optional<at::Tensor>& input_scale);

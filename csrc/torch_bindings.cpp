@@ -32,7 +32,7 @@ TORCH_LIBRARY(_C, m) {
   // on AVX512_BF16 CPUs [ceil(N/16), ceil(K/2), 32]: k pairs).
   m.def("linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor? bias) -> ()");
   m.def("cpu_has_int8_linear", &engine::cpu::has_int8_linear);
-  m.def("cpu_set_amx_int8", &engine::cpu::set_amx_int8);
+  m.def("cpu_set_amx", &engine::cpu::set_amx);
   // CPU only: W8A8 linear layers, input quantised to int8 per row (dynamic)
   // or with input_scale, int8 weight packed by
   // engine.model_executor.layers.quantization.w8a8.pack_int8.

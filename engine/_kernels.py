@@ -103,4 +103,4 @@ def _select_cpu_isa() -> None:
     compiled = [i for i in torch.ops._C.cpu_compiled_isas().split(",") if i]
     torch.ops._C.select_cpu_isa(cpu_features.choose_isa(requested, features, compiled))
     # the capped flags: VLLM_CPU_MAX_ISA below avx512_bf16 hides AMX too
-    torch.ops._C.cpu_set_amx_int8("amx_int8" in features.flags)
+    torch.ops._C.cpu_set_amx(cpu_features.has_amx(features))

@@ -102,10 +102,11 @@ def int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Ten
     fn(out, input, packed_weight, weight_scale, weight_comp, input_scale)
 
 
-def set_amx_int8(enable: bool) -> bool:
-    """Let int8_linear use AMX-INT8 tiles (engine._kernels turns them on where the
-    CPU, as VLLM_CPU_MAX_ISA caps it, has amx_int8); whether they now run."""
-    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_set_amx_int8(enable))
+def set_amx(enable: bool) -> bool:
+    """Let the kernels use AMX tiles (int8_linear, bfloat16 prefill attention;
+    engine._kernels turns them on where the CPU, as VLLM_CPU_MAX_ISA caps it, has
+    cpu_features.AMX_FLAGS); whether they now run."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_set_amx(enable))
 
 
 def has_int8_linear() -> bool:

@@ -6,27 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ops import isa  # noqa: F401  (autouse: every test on each code path)
+from test_ops import isa, tiles  # noqa: F401  (every test on each code path, AMX or not)
 
 from engine import ops, reference
 from engine.model_executor.layers.quantization.w8a8 import pack_int8
-from engine.platforms import cpu_features
 
-pytestmark = pytest.mark.skipif(not ops.has_int8_linear(),
-                                reason="no int8 linear kernel in this build / on this CPU")
-
-
-@pytest.fixture(autouse=True, params=["vector", "amx"])
-def tiles(request, isa):
-    """Each test with the vector kernel and, where this CPU has AMX-INT8, the tiles."""
-    amx = request.param == "amx"
-    if amx and "amx_int8" not in cpu_features.current().flags:
-        pytest.skip("AMX-INT8: this CPU has no amx_int8 (or VLLM_CPU_MAX_ISA hides it)")
-    if ops.set_amx_int8(amx) != amx:
-        ops.set_amx_int8(True)
-        pytest.skip(f"AMX-INT8: the {isa} code path has no AMX kernel")
-    yield request.param
-    ops.set_amx_int8("amx_int8" in cpu_features.current().flags)
+pytestmark = [pytest.mark.skipif(not ops.has_int8_linear(),
+                                 reason="no int8 linear kernel in this build / on this CPU"),
+              pytest.mark.usefixtures("tiles")]
 
 
 def _case(m, n, k, dtype, seed=0):

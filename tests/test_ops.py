@@ -49,6 +49,23 @@ def isa(request):
         ops.select_cpu_isa("auto")
 
 
+@pytest.fixture(params=["vector", "amx"])
+def tiles(request, isa):
+    """A test with the vector kernels and, where this CPU has AMX, its tiles
+    (int8_linear, bfloat16 prefill attention): pytestmark usefixtures("tiles")."""
+    from engine.platforms import cpu_features
+
+    amx = request.param == "amx"
+    has = cpu_features.has_amx(cpu_features.current())
+    if amx and not has:
+        pytest.skip("AMX: this CPU has none (or VLLM_CPU_MAX_ISA hides it)")
+    if ops.set_amx(amx) != amx:
+        ops.set_amx(has)
+        pytest.skip(f"AMX: the {isa} code path has no AMX kernels")
+    yield request.param
+    ops.set_amx(has)
+
+
 def test_kernels_are_compiled():
     assert engine.BUILD_INFO.has_kernels, "engine has no compiled kernels; build it first"
     assert engine.BUILD_INFO.torch_version.split("+")[0] == torch.__version__.split("+")[0]

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from engine import ops, reference
-from test_ops import TOL, isa  # noqa: F401  (isa: the autouse per-code-path fixture)
+from test_ops import TOL, isa, tiles  # noqa: F401  (isa: the autouse per-code-path fixture)
 
 DTYPES = [torch.float32, torch.bfloat16]
+# bfloat16 also with AMX tiles where the CPU has them (csrc/cpu/prefill_attention_amx.h)
+pytestmark = pytest.mark.usefixtures("tiles")
 
 
 def make_prefill(q_lens, seq_lens, heads, kv_heads, head_size, block_size, dtype, seed=0):
@@ -69,6 +71,11 @@ def test_sliding_window(dtype, window):
 def test_long_prompt_float32():
     """Many key tiles and query tiles: the online softmax's rescaling is exercised."""
     check([300], [300], 2, 64, 16, torch.float32)
+
+
+@pytest.mark.parametrize("gqa,head_size", [(1, 128), (16, 64), (3, 256)])
+def test_long_prompt_bfloat16(gqa, head_size):
+    check([300, 41], [300, 90], gqa, head_size, 16, torch.bfloat16, kv_heads=1)
 
 
 def test_a_sequence_without_queries_is_skipped():

@@ -87,6 +87,15 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 
 bool has_paged_prefill_attention() { return kernels().paged_prefill_attention != nullptr; }
 
+namespace {
+std::atomic<bool> amx{false};
+// From this many rows AMX tiles run; fewer stream the weight as fast with
+// vpdpbusd. Measured (2-core Xeon, 2 threads, K x N 2048 x 6144, 2048 x 10912,
+// 5456 x 2048), AMX over VNNI: 1-4 rows 0.88-1.07x, 16 rows 1.7-1.9x, 64 2.6-2.8x,
+// 480 2.1-3.1x.
+constexpr int64_t kAmxInt8Rows = 8;
+}  // namespace
+
 void paged_prefill_attention(at::Tensor& out, const at::Tensor& query,
                              const at::Tensor& key_cache, const at::Tensor& value_cache,
                              const at::Tensor& block_tables, const at::Tensor& query_start_loc,
@@ -98,6 +107,14 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& query,
   TORCH_CHECK(table.paged_prefill_attention != nullptr, "paged_prefill_attention: the ",
               table.isa, " kernels have none; engine.ops runs the torch reference there");
   if (a.seqs == 0 || query.size(0) == 0) return;
+  if (table.paged_prefill_attention_amx != nullptr && amx.load(std::memory_order_relaxed) &&
+      table.paged_prefill_attention_amx(
+          kdt(a.dtype), out.data_ptr(), query.const_data_ptr(), key_cache.const_data_ptr(),
+          value_cache.const_data_ptr(), block_tables.const_data_ptr<int32_t>(),
+          query_start_loc.const_data_ptr<int32_t>(), seq_lens.const_data_ptr<int32_t>(), a.seqs,
+          a.heads, a.cache.kv_heads, a.cache.head_size, a.cache.block_size, a.max_blocks,
+          static_cast<float>(scale), sliding_window))
+    return;
   table.paged_prefill_attention(kdt(a.dtype), out.data_ptr(), query.const_data_ptr(),
                                 key_cache.const_data_ptr(), value_cache.const_data_ptr(),
                                 block_tables.const_data_ptr<int32_t>(),
@@ -164,17 +181,9 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
 
 bool has_int8_linear() { return kernels().int8_linear != nullptr; }
 
-namespace {
-std::atomic<bool> amx_int8{false};
-// From this many rows AMX tiles run; fewer stream the weight as fast with
-// vpdpbusd. Measured (2-core Xeon, 2 threads, K x N 2048 x 6144, 2048 x 10912,
-// 5456 x 2048), AMX over VNNI: 1-4 rows 0.88-1.07x, 16 rows 1.7-1.9x, 64 2.6-2.8x,
-// 480 2.1-3.1x.
-constexpr int64_t kAmxInt8Rows = 8;
-}  // namespace
 
-bool set_amx_int8(bool enable) {
-  amx_int8.store(enable, std::memory_order_relaxed);
+bool set_amx(bool enable) {
+  amx.store(enable, std::memory_order_relaxed);
   return enable && kernels().int8_linear_amx != nullptr;
 }
 
@@ -224,7 +233,7 @@ void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pac
               " kernels have no int8_linear; use engine.reference.int8_linear");
   if (M == 0 || N == 0) return;
   if (M >= kAmxInt8Rows && table.int8_linear_amx != nullptr &&
-      amx_int8.load(std::memory_order_relaxed) &&
+      amx.load(std::memory_order_relaxed) &&
       table.int8_linear_amx(kdt(dt), out.data_ptr(), input.const_data_ptr(), s,
                             packed_weight.const_data_ptr<int8_t>(),
                             weight_scale.const_data_ptr<float>(),

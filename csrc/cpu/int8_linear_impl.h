@@ -275,7 +275,7 @@ void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* 
 // tile. Signed x signed (tdpbssd), so no offset and no comp. Compiled into the
 // avx512_bf16 path with a target attribute and used only when the caller has
 // checked the CPU (engine.platforms.cpu_features) and the kernel granted the
-// tile state (amx_int8_permitted).
+// tile state (amx_permitted).
 #if defined(__AVX512VNNI__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && \
     defined(__linux__)
 #define ENGINE_HAS_AMX_INT8 1
@@ -288,7 +288,7 @@ namespace {
 
 // Linux hands out the AMX tile data state only to a process that asks
 // (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); once is enough for all threads.
-inline bool amx_int8_permitted() {
+inline bool amx_permitted() {
   static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   return ok;
 }

@@ -111,6 +111,18 @@ struct KernelTable {
                                   int64_t head_size, int64_t block_size,
                                   int64_t max_blocks, float scale,
                                   int64_t sliding_window);
+  // The same with AMX bfloat16 tiles (avx512_bf16 path, a compiler with AMX;
+  // null elsewhere), for a CPU the caller has checked. False (nothing written)
+  // for float32, a shape it does not take or when the OS refuses the tile state.
+  bool (*paged_prefill_attention_amx)(DType dt, void* out, const void* query,
+                                      const void* key_cache, const void* value_cache,
+                                      const int32_t* block_tables,
+                                      const int32_t* query_start_loc,
+                                      const int32_t* seq_lens, int64_t seqs,
+                                      int64_t heads, int64_t kv_heads,
+                                      int64_t head_size, int64_t block_size,
+                                      int64_t max_blocks, float scale,
+                                      int64_t sliding_window);
 
   // Mixture-of-experts MLP (moe_impl.h): out[t, :H] = sum over j < topk of
   // topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =

@@ -903,7 +903,7 @@ void int8_linear(DType dt, void* out, const void* x, const float* static_scale,
 bool int8_linear_amx(DType dt, void* out, const void* x, const float* static_scale,
                      const int8_t* packed, const float* w_scale, const int32_t*, int64_t M,
                      int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
-  if (!amx_int8_permitted()) return false;
+  if (!amx_permitted()) return false;
   if (dt == DType::kFloat32)
     int8_linear_amx_t(static_cast<float*>(out), static_cast<const float*>(x), static_scale,
                       packed, w_scale, M, N, K, ldx, ldo);
@@ -915,6 +915,24 @@ bool int8_linear_amx(DType dt, void* out, const void* x, const float* static_sca
 #define ENGINE_INT8_LINEAR_AMX int8_linear_amx
 #else
 #define ENGINE_INT8_LINEAR_AMX nullptr
+#endif
+
+#include "prefill_attention_amx.h"
+#ifdef ENGINE_HAS_AMX_ATTENTION
+bool paged_prefill_attention_amx(DType dt, void* out, const void* query, const void* kc,
+                                 const void* vc, const int32_t* bt, const int32_t* qsl,
+                                 const int32_t* sl, int64_t seqs, int64_t heads, int64_t kv_heads,
+                                 int64_t head_size, int64_t block_size, int64_t max_blocks,
+                                 float scale, int64_t sliding_window) {
+  if (dt != DType::kBFloat16) return false;
+  return paged_prefill_attention_amx_bf16(
+      static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
+      static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), bt, qsl, sl, seqs, heads,
+      kv_heads, head_size, block_size, max_blocks, scale, sliding_window);
+}
+#define ENGINE_PREFILL_ATTENTION_AMX paged_prefill_attention_amx
+#else
+#define ENGINE_PREFILL_ATTENTION_AMX nullptr
 #endif
 
 #include "moe_impl.h"
@@ -944,6 +962,7 @@ void fused_moe(DType dt, bool pairs, void* out, const void* x, const void* w13, 
 #else
 #define ENGINE_INT8_LINEAR nullptr
 #define ENGINE_INT8_LINEAR_AMX nullptr
+#define ENGINE_PREFILL_ATTENTION_AMX nullptr
 #define ENGINE_LINEAR nullptr
 #define ENGINE_FUSED_MOE nullptr
 #endif
@@ -964,7 +983,7 @@ const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
     ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, ENGINE_INT8_LINEAR_AMX,
-    paged_prefill_attention, ENGINE_FUSED_MOE,
+    paged_prefill_attention, ENGINE_PREFILL_ATTENTION_AMX, ENGINE_FUSED_MOE,
 };
 
 }  // namespace

@@ -39,6 +39,14 @@ _ABOVE_GENERIC = _ABOVE_AVX2 + ("avx", "fma", "f16c")
 _ABOVE = {"avx512": _ABOVE_AVX512, "avx2": _ABOVE_AVX2, "generic": _ABOVE_GENERIC}
 
 
+#: AMX as the kernels use it: tiles with int8 (W8A8) and bfloat16 (attention) dot products
+AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+
+
+def has_amx(features: "CpuFeatures") -> bool:
+    return AMX_FLAGS <= features.flags
+
+
 @dataclass(frozen=True)
 class CpuFeatures:
     arch: str                      # platform.machine(): x86_64, aarch64, ...

@@ -1,0 +1,260 @@
+// Prefill attention for bfloat16 with AMX tiles (tdpbf16ps), on CPUs that
+// have them: the flash loop of prefill_attention_impl.h, with the two matmuls
+// (Q K^T and P V) as 16 x 16 x 32 tile products and the online softmax in
+// AVX-512 between them. Included by kernels_impl.cpp after
+// int8_linear_impl.h (AmxConfig, amx_permitted) on the avx512_bf16 path.
+//
+// A tile's B operand pairs its k dimension ("VNNI" layout), so each (sequence,
+// kv head)'s keys and values are first repacked once from the paged cache:
+//   kt: per 16 keys and 32 head dims, 16 rows (dim pairs) x 16 keys x 2;
+//   vt: per 32 keys and 16 head dims, 16 rows (key pairs) x 16 dims x 2;
+// zero past the sequence. Then one work item is (sequence, kv head, 16 query
+// rows): rows are tokens x the group's heads (GQA without copies), keys go by
+// 32 (two score tiles), causal and window masks are applied to the scores.
+// P is rounded to bfloat16 for the second product, as upstream's does.
+#pragma once
+
+#if defined(ENGINE_HAS_AMX_INT8) && defined(__AVX512BF16__)
+#define ENGINE_HAS_AMX_ATTENTION 1
+
+constexpr int64_t kAmxKeys = 32;
+
+// Tiles: 0, 1 scores (16 x 16 fp32 each); 2 Q (16 x 32 bf16); 3 K^T; 4 P
+// (16 x 32 bf16); 5 V; 6, 7 a 32-wide chunk of P V.
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_attention_configure() {
+  AmxConfig c{};
+  c.palette = 1;
+  for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+}
+
+// One (sequence, kv head)'s keys [0, n) (n a multiple of 32) repacked.
+inline void amx_pack_kv(uint32_t* kt, uint16_t* vt, const uint16_t* kc, const uint16_t* vc,
+                        const int32_t* table, int64_t len, int64_t n, int64_t D,
+                        int64_t block_size, int64_t block_stride, int64_t head_off) {
+  const int64_t pairs = D / 2, chunks = D / 32;
+  for (int64_t t = 0; t < n; ++t) {
+    const bool in = t < len;
+    const uint16_t* kr = in ? cache_row(kc, table, t, block_size, block_stride, head_off, D) : nullptr;
+    const uint16_t* vr = in ? cache_row(vc, table, t, block_size, block_stride, head_off, D) : nullptr;
+    const uint32_t* k32 = reinterpret_cast<const uint32_t*>(kr);
+    uint32_t* kdst = kt + (t / 16) * chunks * 256 + (t % 16);
+    for (int64_t p = 0; p < pairs; ++p)
+      kdst[(p / 16) * 256 + (p % 16) * 16] = in ? k32[p] : 0u;
+    uint16_t* vdst = vt + (t / 32) * (D / 16) * 512 + ((t % 32) / 2) * 32 + (t % 2);
+    for (int64_t x = 0; x < D; ++x) vdst[(x / 16) * 512 + (x % 16) * 2] = in ? vr[x] : 0;
+  }
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_scores(
+    float* s, const uint16_t* qa, const uint32_t* kt, int64_t D) {
+  _tile_zero(0);
+  _tile_zero(1);
+  const int64_t chunks = D / 32;
+  for (int64_t c = 0; c < chunks; ++c) {
+    _tile_loadd(2, qa + c * 32, D * 2);
+    _tile_loadd(3, kt + c * 256, 64);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_loadd(3, kt + (chunks + c) * 256, 64);
+    _tile_dpbf16ps(1, 2, 3);
+  }
+  _tile_stored(0, s, kAmxKeys * 4);
+  _tile_stored(1, s + 16, kAmxKeys * 4);
+}
+
+// o[r, :] += sum_j p[r, j] v[j, :] over 32 keys.
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_pv(float* o, const uint16_t* pa,
+                                                                const uint16_t* vt, int64_t D,
+                                                                float* tmp) {
+  _tile_loadd(4, pa, kAmxKeys * 2);
+  for (int64_t cc = 0; cc < D / 16; cc += 2) {
+    _tile_zero(6);
+    _tile_zero(7);
+    _tile_loadd(5, vt + cc * 512, 64);
+    _tile_dpbf16ps(6, 4, 5);
+    _tile_loadd(5, vt + (cc + 1) * 512, 64);
+    _tile_dpbf16ps(7, 4, 5);
+    _tile_stored(6, tmp, 128);
+    _tile_stored(7, tmp + 16, 128);
+    for (int r = 0; r < 16; ++r) {
+      float* orow = o + r * D + cc * 16;
+      const float* t = tmp + r * 32;
+      _mm512_storeu_ps(orow, _mm512_add_ps(_mm512_loadu_ps(orow), _mm512_loadu_ps(t)));
+      _mm512_storeu_ps(orow + 16, _mm512_add_ps(_mm512_loadu_ps(orow + 16), _mm512_loadu_ps(t + 16)));
+    }
+  }
+}
+
+// fast_exp (kernels_impl.cpp) on 16 lanes.
+inline __m512 amx_exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 shifter = _mm512_set1_ps(12582912.0f);
+  const __m512 kn = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter);
+  const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(kn), _mm512_castps_si512(shifter));
+  const __m512 k = _mm512_sub_ps(kn, shifter);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+// The online softmax over one block of 32 scores a row (s, scaled and masked
+// here), P to bfloat16 in pa, the rows' running max and sum updated and o
+// rescaled. `masked`: some key of the block is off some row's causal/window range.
+inline void amx_softmax(float* s, uint16_t* pa, float* m, float* l, float* o, const int32_t* q_pos,
+                        int64_t k0, int32_t win, float scale, bool masked, int64_t D) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i kp0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(k0)), lane);
+  const __m512i kp1 = _mm512_add_epi32(kp0, _mm512_set1_epi32(16));
+  const __m512 vs = _mm512_set1_ps(scale), neg = _mm512_set1_ps(kPrefillNegInf);
+  for (int r = 0; r < 16; ++r) {
+    __m512 a = _mm512_mul_ps(_mm512_load_ps(s + r * kAmxKeys), vs);
+    __m512 b = _mm512_mul_ps(_mm512_load_ps(s + r * kAmxKeys + 16), vs);
+    __mmask16 ka = 0xffff, kb = 0xffff;
+    if (masked) {
+      const __m512i qp = _mm512_set1_epi32(q_pos[r]);
+      const __m512i da = _mm512_sub_epi32(qp, kp0), db = _mm512_sub_epi32(qp, kp1);
+      const __m512i w = _mm512_set1_epi32(win), zero = _mm512_setzero_si512();
+      ka = _mm512_cmpge_epi32_mask(da, zero) & _mm512_cmplt_epi32_mask(da, w);
+      kb = _mm512_cmpge_epi32_mask(db, zero) & _mm512_cmplt_epi32_mask(db, w);
+      a = _mm512_mask_blend_ps(ka, neg, a);
+      b = _mm512_mask_blend_ps(kb, neg, b);
+    }
+    const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+    const float mx = top > m[r] ? top : m[r];
+    const __m512 vmx = _mm512_set1_ps(mx);
+    const __m512 pa0 = _mm512_maskz_mov_ps(ka, amx_exp16(_mm512_sub_ps(a, vmx)));
+    const __m512 pb0 = _mm512_maskz_mov_ps(kb, amx_exp16(_mm512_sub_ps(b, vmx)));
+    _mm512_storeu_si512(pa + r * kAmxKeys, (__m512i)_mm512_cvtne2ps_pbh(pb0, pa0));
+    const float alpha = m[r] == mx ? 1.f : fast_exp(m[r] - mx);
+    l[r] = l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(pa0, pb0));
+    m[r] = mx;
+    if (alpha != 1.f) {
+      const __m512 va = _mm512_set1_ps(alpha);
+      float* orow = o + r * D;
+      for (int64_t d = 0; d < D; d += 16)
+        _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), va));
+    }
+  }
+}
+
+// Whether it ran (false: the OS refused the tile state, or a shape it does not
+// take: head size not a multiple of 32, more than 16 query heads a kv head).
+__attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf16(
+    uint16_t* out, const uint16_t* query, const uint16_t* key_cache, const uint16_t* value_cache,
+    const int32_t* block_tables, const int32_t* query_start_loc, const int32_t* seq_lens,
+    int64_t seqs, int64_t heads, int64_t kv_heads, int64_t D, int64_t block_size,
+    int64_t max_blocks, float scale, int64_t window) {
+  const int64_t group = heads / kv_heads;
+  if (D % 32 != 0 || D > 256 || group > 16 || !amx_permitted()) return false;
+  const int64_t tile_tokens = 16 / group;
+  const int64_t head_stride = block_size * D, block_stride = kv_heads * head_stride;
+  // per sequence: keys packed (a multiple of 32), offset of its kv heads' packs
+  int64_t* packed_at = static_cast<int64_t*>(malloc(sizeof(int64_t) * (seqs + 1)));
+  int64_t n_items = 0;
+  packed_at[0] = 0;
+  for (int64_t b = 0; b < seqs; ++b) {
+    const int64_t n = (seq_lens[b] + kAmxKeys - 1) / kAmxKeys * kAmxKeys;
+    packed_at[b + 1] = packed_at[b] + n * kv_heads * D;  // elements, per K and per V
+    const int64_t q_len = query_start_loc[b + 1] - query_start_loc[b];
+    n_items += kv_heads * ((q_len + tile_tokens - 1) / tile_tokens);
+  }
+  if (n_items == 0) {
+    free(packed_at);
+    return true;
+  }
+  uint16_t* kt = static_cast<uint16_t*>(aligned_alloc(64, (packed_at[seqs] * 2 + 63) / 64 * 64));
+  uint16_t* vt = static_cast<uint16_t*>(aligned_alloc(64, (packed_at[seqs] * 2 + 63) / 64 * 64));
+  PrefillItem* items = static_cast<PrefillItem*>(malloc(sizeof(PrefillItem) * n_items));
+  int64_t ni = 0;
+  for (int64_t b = 0; b < seqs; ++b) {  // the latest (longest) tiles first
+    const int64_t q0 = query_start_loc[b], q1 = query_start_loc[b + 1];
+    for (int64_t t = (q1 - q0 + tile_tokens - 1) / tile_tokens - 1; t >= 0; --t)
+      for (int64_t kh = 0; kh < kv_heads; ++kh) {
+        const int64_t t0 = q0 + t * tile_tokens, t1 = t0 + tile_tokens < q1 ? t0 + tile_tokens : q1;
+        items[ni++] = {static_cast<int32_t>(b), static_cast<int32_t>(kh),
+                       static_cast<int32_t>(t0), static_cast<int32_t>(t1)};
+      }
+  }
+#pragma omp parallel
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < seqs * kv_heads; ++w) {
+      const int64_t b = w / kv_heads, kh = w % kv_heads;
+      const int64_t n = (packed_at[b + 1] - packed_at[b]) / (kv_heads * D);
+      const int64_t at = packed_at[b] + kh * n * D;
+      amx_pack_kv(reinterpret_cast<uint32_t*>(kt + at), vt + at, key_cache, value_cache,
+                  block_tables + b * max_blocks, seq_lens[b], n, D, block_size, block_stride,
+                  kh * head_stride);
+    }
+    alignas(64) uint16_t qa[16 * 256];
+    alignas(64) uint16_t pa[16 * kAmxKeys];
+    alignas(64) float s[16 * kAmxKeys];
+    alignas(64) float tmp[16 * 32];
+    alignas(64) float m[16], l[16];
+    int32_t q_pos[16];
+    float* o = static_cast<float*>(aligned_alloc(64, sizeof(float) * 16 * D));
+    amx_attention_configure();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const PrefillItem item = items[it];
+      const int64_t b = item.seq, kh = item.kv_head, len = seq_lens[b];
+      const int64_t q_len = query_start_loc[b + 1] - query_start_loc[b];
+      const int64_t first_pos = len - q_len + (item.t_begin - query_start_loc[b]);
+      const int64_t tokens = item.t_end - item.t_begin, rows = tokens * group;
+      const int64_t n = (packed_at[b + 1] - packed_at[b]) / (kv_heads * D);
+      const uint32_t* kseq = reinterpret_cast<const uint32_t*>(kt + packed_at[b] + kh * n * D);
+      const uint16_t* vseq = vt + packed_at[b] + kh * n * D;
+      for (int64_t r = 0; r < 16; ++r) {
+        uint16_t* dst = qa + r * D;
+        if (r < rows) {
+          const uint16_t* src =
+              query + ((item.t_begin + r / group) * heads + kh * group + r % group) * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = src[d];
+          q_pos[r] = static_cast<int32_t>(first_pos + r / group);
+        } else {
+          for (int64_t d = 0; d < D; ++d) dst[d] = 0;
+          q_pos[r] = -1;
+        }
+        m[r] = kPrefillNegInf;
+        l[r] = 0.f;
+      }
+      for (int64_t e = 0; e < 16 * D; ++e) o[e] = 0.f;
+      const int64_t last = first_pos + tokens - 1;
+      int64_t first = 0;
+      if (window > 0 && first_pos - window + 1 > 0) first = first_pos - window + 1;
+      const int32_t win = window > 0 ? static_cast<int32_t>(window) : 0x7fffffff;
+      for (int64_t k0 = first / kAmxKeys * kAmxKeys; k0 <= last; k0 += kAmxKeys) {
+        amx_scores(s, qa, kseq + (k0 / 16) * (D / 32) * 256, D);
+        // every row sees every key of the block: all keys at or before the
+        // tile's first query and, with a window, after its last query's start
+        const bool masked = k0 + kAmxKeys - 1 > first_pos || rows < 16 ||
+                            (window > 0 && k0 <= last - window);
+        amx_softmax(s, pa, m, l, o, q_pos, k0, win, scale, masked, D);
+        amx_pv(o, pa, vseq + (k0 / kAmxKeys) * (D / 16) * 512, D, tmp);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        uint16_t* dst = out + ((item.t_begin + r / group) * heads + kh * group + r % group) * D;
+        const float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
+        const float* orow = o + r * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) dst[d] = float_to_bf16(orow[d] * inv);
+      }
+    }
+    _tile_release();
+    free(o);
+  }
+  free(items);
+  free(kt);
+  free(vt);
+  free(packed_at);
+  return true;
+}
+#endif

@@ -92,9 +92,13 @@ def _cpu_report(info) -> dict:
         gib = f"{envs.kvcache_space_bytes() / 2**30:g} GiB"
     except envs.EnvError as exc:
         gib = f"invalid: {exc}"
-    out["kv_cache"] = (f"{gib} (VLLM_CPU_KVCACHE_SPACE), checked against available memory at "
-                       "start-up, then reserved lazily: pages are committed as blocks fill, and freed "
-                       "blocks are reused first, so what stays resident is the busiest moment's need")
+    out["kv_cache"] = (f"{gib} (VLLM_CPU_KVCACHE_SPACE), checked against available memory and "
+                       "committed at start-up, as upstream's (a first touch inside a prefill costs "
+                       "~1 GB/s)")
+    out["amx"] = ("tiles for W8A8 linear layers (from 8 rows) and bfloat16 prefill attention"
+                  if cpu_features.has_amx(features) else
+                  "none: " + ("VLLM_CPU_MAX_ISA hides it" if features.capped_at else
+                              "this CPU has no amx_tile/amx_int8/amx_bf16"))
     from pathlib import Path
 
     from engine.platforms import cpu_hugepages

@@ -105,11 +105,22 @@ inline __m512 amx_exp16(__m512 x) {
   return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
+// The largest of v's lanes, in every lane (no trip through a scalar).
+inline __m512 amx_max_all(__m512 v) {
+  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+  v = _mm512_max_ps(v, _mm512_permute_ps(v, 0x4E));
+  return _mm512_max_ps(v, _mm512_permute_ps(v, 0xB1));
+}
+
 // The online softmax over one block of 32 scores a row (s, scaled and masked
-// here), P to bfloat16 in pa, the rows' running max and sum updated and o
-// rescaled. `masked`: some key of the block is off some row's causal/window range.
-inline void amx_softmax(float* s, uint16_t* pa, float* m, float* l, float* o, const int32_t* q_pos,
-                        int64_t k0, int32_t win, float scale, bool masked, int64_t D) {
+// here), P to bfloat16 in pa, o rescaled where a row's max grew. The running
+// max m[r] is kept in every lane, and the running sum l[r] as 16 partial sums
+// (added up once, at the end): no horizontal step per block. `masked`: some
+// key of the block is off some row's causal/window range.
+inline void amx_softmax(const float* s, uint16_t* pa, __m512* m, __m512* l, float* o,
+                        const int32_t* q_pos, int64_t k0, int32_t win, float scale, bool masked,
+                        int64_t D) {
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512i kp0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(k0)), lane);
   const __m512i kp1 = _mm512_add_epi32(kp0, _mm512_set1_epi32(16));
@@ -127,21 +138,19 @@ inline void amx_softmax(float* s, uint16_t* pa, float* m, float* l, float* o, co
       a = _mm512_mask_blend_ps(ka, neg, a);
       b = _mm512_mask_blend_ps(kb, neg, b);
     }
-    const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
-    const float mx = top > m[r] ? top : m[r];
-    const __m512 vmx = _mm512_set1_ps(mx);
-    const __m512 pa0 = _mm512_maskz_mov_ps(ka, amx_exp16(_mm512_sub_ps(a, vmx)));
-    const __m512 pb0 = _mm512_maskz_mov_ps(kb, amx_exp16(_mm512_sub_ps(b, vmx)));
+    const __m512 mx = _mm512_max_ps(m[r], amx_max_all(_mm512_max_ps(a, b)));
+    const __m512 pa0 = _mm512_maskz_mov_ps(ka, amx_exp16(_mm512_sub_ps(a, mx)));
+    const __m512 pb0 = _mm512_maskz_mov_ps(kb, amx_exp16(_mm512_sub_ps(b, mx)));
     _mm512_storeu_si512(pa + r * kAmxKeys, (__m512i)_mm512_cvtne2ps_pbh(pb0, pa0));
-    const float alpha = m[r] == mx ? 1.f : fast_exp(m[r] - mx);
-    l[r] = l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(pa0, pb0));
-    m[r] = mx;
-    if (alpha != 1.f) {
-      const __m512 va = _mm512_set1_ps(alpha);
+    if (_mm512_cmp_ps_mask(mx, m[r], _CMP_GT_OQ)) {  // the max grew: rescale
+      const __m512 alpha = amx_exp16(_mm512_sub_ps(m[r], mx));
+      l[r] = _mm512_mul_ps(l[r], alpha);
       float* orow = o + r * D;
       for (int64_t d = 0; d < D; d += 16)
-        _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), va));
+        _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), alpha));
     }
+    l[r] = _mm512_add_ps(l[r], _mm512_add_ps(pa0, pb0));
+    m[r] = mx;
   }
 }
 
@@ -174,10 +183,12 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
   uint16_t* vt = static_cast<uint16_t*>(aligned_alloc(64, (packed_at[seqs] * 2 + 63) / 64 * 64));
   PrefillItem* items = static_cast<PrefillItem*>(malloc(sizeof(PrefillItem) * n_items));
   int64_t ni = 0;
-  for (int64_t b = 0; b < seqs; ++b) {  // the latest (longest) tiles first
+  // A kv head's tiles one after another, so that its packed keys and values
+  // (D x len x 4 bytes) stay in the threads' L2 caches; the latest (longest) first.
+  for (int64_t b = 0; b < seqs; ++b) {
     const int64_t q0 = query_start_loc[b], q1 = query_start_loc[b + 1];
-    for (int64_t t = (q1 - q0 + tile_tokens - 1) / tile_tokens - 1; t >= 0; --t)
-      for (int64_t kh = 0; kh < kv_heads; ++kh) {
+    for (int64_t kh = 0; kh < kv_heads; ++kh)
+      for (int64_t t = (q1 - q0 + tile_tokens - 1) / tile_tokens - 1; t >= 0; --t) {
         const int64_t t0 = q0 + t * tile_tokens, t1 = t0 + tile_tokens < q1 ? t0 + tile_tokens : q1;
         items[ni++] = {static_cast<int32_t>(b), static_cast<int32_t>(kh),
                        static_cast<int32_t>(t0), static_cast<int32_t>(t1)};
@@ -198,7 +209,7 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
     alignas(64) uint16_t pa[16 * kAmxKeys];
     alignas(64) float s[16 * kAmxKeys];
     alignas(64) float tmp[16 * 32];
-    alignas(64) float m[16], l[16];
+    __m512 m[16], l[16];
     int32_t q_pos[16];
     float* o = static_cast<float*>(aligned_alloc(64, sizeof(float) * 16 * D));
     amx_attention_configure();
@@ -223,8 +234,8 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
           for (int64_t d = 0; d < D; ++d) dst[d] = 0;
           q_pos[r] = -1;
         }
-        m[r] = kPrefillNegInf;
-        l[r] = 0.f;
+        m[r] = _mm512_set1_ps(kPrefillNegInf);
+        l[r] = _mm512_setzero_ps();
       }
       for (int64_t e = 0; e < 16 * D; ++e) o[e] = 0.f;
       const int64_t last = first_pos + tokens - 1;
@@ -242,7 +253,8 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
       }
       for (int64_t r = 0; r < rows; ++r) {
         uint16_t* dst = out + ((item.t_begin + r / group) * heads + kh * group + r % group) * D;
-        const float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
+        const float sum = _mm512_reduce_add_ps(l[r]);
+        const float inv = sum > 0.f ? 1.0f / sum : 0.f;
         const float* orow = o + r * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) dst[d] = float_to_bf16(orow[d] * inv);

@@ -10,17 +10,18 @@
 //   vt: per 32 keys and 16 head dims, 16 rows (key pairs) x 16 dims x 2;
 // zero past the sequence. Then one work item is (sequence, kv head, 16 query
 // rows): rows are tokens x the group's heads (GQA without copies), keys go by
-// 32 (two score tiles), causal and window masks are applied to the scores.
+// 64 (four score tiles), causal and window masks are applied to the scores.
 // P is rounded to bfloat16 for the second product, as upstream's does.
 #pragma once
 
 #if defined(ENGINE_HAS_AMX_INT8) && defined(__AVX512BF16__)
 #define ENGINE_HAS_AMX_ATTENTION 1
 
-constexpr int64_t kAmxKeys = 32;
+constexpr int64_t kAmxKeys = 64;  // keys a block: four score tiles, two P tiles
 
-// Tiles: 0, 1 scores (16 x 16 fp32 each); 2 Q (16 x 32 bf16); 3 K^T; 4 P
-// (16 x 32 bf16); 5 V; 6, 7 a 32-wide chunk of P V.
+// One configuration, every tile 16 rows x 64 bytes. Q K^T: 0-3 the scores
+// (16 x 16 fp32 each), 4 Q (16 x 32 bf16), 5 K^T. Then P V: 4, 5 P (16 x 32
+// keys each), 2, 3 V, 0, 1 a 32-wide chunk of the product.
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_attention_configure() {
   AmxConfig c{};
   c.palette = 1;
@@ -28,7 +29,7 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_attention_configure
   _tile_loadconfig(&c);
 }
 
-// One (sequence, kv head)'s keys [0, n) (n a multiple of 32) repacked.
+// One (sequence, kv head)'s keys [0, n) (n a multiple of kAmxKeys) repacked.
 inline void amx_pack_kv(uint32_t* kt, uint16_t* vt, const uint16_t* kc, const uint16_t* vc,
                         const int32_t* table, int64_t len, int64_t n, int64_t D,
                         int64_t block_size, int64_t block_stride, int64_t head_off) {
@@ -46,36 +47,51 @@ inline void amx_pack_kv(uint32_t* kt, uint16_t* vt, const uint16_t* kc, const ui
   }
 }
 
+// s[16, 64] = Q K^T for the 64 keys whose first 16-key tile is kt.
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_scores(
     float* s, const uint16_t* qa, const uint32_t* kt, int64_t D) {
+  const int64_t chunks = D / 32;
   _tile_zero(0);
   _tile_zero(1);
-  const int64_t chunks = D / 32;
+  _tile_zero(2);
+  _tile_zero(3);
   for (int64_t c = 0; c < chunks; ++c) {
-    _tile_loadd(2, qa + c * 32, D * 2);
-    _tile_loadd(3, kt + c * 256, 64);
-    _tile_dpbf16ps(0, 2, 3);
-    _tile_loadd(3, kt + (chunks + c) * 256, 64);
-    _tile_dpbf16ps(1, 2, 3);
+    _tile_loadd(4, qa + c * 32, D * 2);
+    _tile_loadd(5, kt + c * 256, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(5, kt + (chunks + c) * 256, 64);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_loadd(5, kt + (2 * chunks + c) * 256, 64);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(5, kt + (3 * chunks + c) * 256, 64);
+    _tile_dpbf16ps(3, 4, 5);
   }
   _tile_stored(0, s, kAmxKeys * 4);
   _tile_stored(1, s + 16, kAmxKeys * 4);
+  _tile_stored(2, s + 32, kAmxKeys * 4);
+  _tile_stored(3, s + 48, kAmxKeys * 4);
 }
 
-// o[r, :] += sum_j p[r, j] v[j, :] over 32 keys.
+// o[r, :] += sum_j p[r, j] v[j, :] over 64 keys (vt: their two 32-key blocks).
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_pv(float* o, const uint16_t* pa,
                                                                 const uint16_t* vt, int64_t D,
                                                                 float* tmp) {
+  const int64_t block = (D / 16) * 512;  // a 32-key block of vt
   _tile_loadd(4, pa, kAmxKeys * 2);
+  _tile_loadd(5, pa + 32, kAmxKeys * 2);
   for (int64_t cc = 0; cc < D / 16; cc += 2) {
-    _tile_zero(6);
-    _tile_zero(7);
-    _tile_loadd(5, vt + cc * 512, 64);
-    _tile_dpbf16ps(6, 4, 5);
-    _tile_loadd(5, vt + (cc + 1) * 512, 64);
-    _tile_dpbf16ps(7, 4, 5);
-    _tile_stored(6, tmp, 128);
-    _tile_stored(7, tmp + 16, 128);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, vt + cc * 512, 64);
+    _tile_loadd(3, vt + block + cc * 512, 64);
+    _tile_dpbf16ps(0, 4, 2);
+    _tile_dpbf16ps(0, 5, 3);
+    _tile_loadd(2, vt + (cc + 1) * 512, 64);
+    _tile_loadd(3, vt + block + (cc + 1) * 512, 64);
+    _tile_dpbf16ps(1, 4, 2);
+    _tile_dpbf16ps(1, 5, 3);
+    _tile_stored(0, tmp, 128);
+    _tile_stored(1, tmp + 16, 128);
     for (int r = 0; r < 16; ++r) {
       float* orow = o + r * D + cc * 16;
       const float* t = tmp + r * 32;
@@ -122,26 +138,27 @@ inline void amx_softmax(const float* s, uint16_t* pa, __m512* m, __m512* l, floa
                         const int32_t* q_pos, int64_t k0, int32_t win, float scale, bool masked,
                         int64_t D) {
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i kp0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(k0)), lane);
-  const __m512i kp1 = _mm512_add_epi32(kp0, _mm512_set1_epi32(16));
   const __m512 vs = _mm512_set1_ps(scale), neg = _mm512_set1_ps(kPrefillNegInf);
   for (int r = 0; r < 16; ++r) {
-    __m512 a = _mm512_mul_ps(_mm512_load_ps(s + r * kAmxKeys), vs);
-    __m512 b = _mm512_mul_ps(_mm512_load_ps(s + r * kAmxKeys + 16), vs);
-    __mmask16 ka = 0xffff, kb = 0xffff;
+    __m512 x[4];
+    __mmask16 k[4] = {0xffff, 0xffff, 0xffff, 0xffff};
+    for (int v = 0; v < 4; ++v) x[v] = _mm512_mul_ps(_mm512_load_ps(s + r * kAmxKeys + 16 * v), vs);
     if (masked) {
       const __m512i qp = _mm512_set1_epi32(q_pos[r]);
-      const __m512i da = _mm512_sub_epi32(qp, kp0), db = _mm512_sub_epi32(qp, kp1);
       const __m512i w = _mm512_set1_epi32(win), zero = _mm512_setzero_si512();
-      ka = _mm512_cmpge_epi32_mask(da, zero) & _mm512_cmplt_epi32_mask(da, w);
-      kb = _mm512_cmpge_epi32_mask(db, zero) & _mm512_cmplt_epi32_mask(db, w);
-      a = _mm512_mask_blend_ps(ka, neg, a);
-      b = _mm512_mask_blend_ps(kb, neg, b);
+      for (int v = 0; v < 4; ++v) {
+        const __m512i kp = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(k0 + 16 * v)), lane);
+        const __m512i d = _mm512_sub_epi32(qp, kp);
+        k[v] = _mm512_cmpge_epi32_mask(d, zero) & _mm512_cmplt_epi32_mask(d, w);
+        x[v] = _mm512_mask_blend_ps(k[v], neg, x[v]);
+      }
     }
-    const __m512 mx = _mm512_max_ps(m[r], amx_max_all(_mm512_max_ps(a, b)));
-    const __m512 pa0 = _mm512_maskz_mov_ps(ka, amx_exp16(_mm512_sub_ps(a, mx)));
-    const __m512 pb0 = _mm512_maskz_mov_ps(kb, amx_exp16(_mm512_sub_ps(b, mx)));
-    _mm512_storeu_si512(pa + r * kAmxKeys, (__m512i)_mm512_cvtne2ps_pbh(pb0, pa0));
+    const __m512 top = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
+    const __m512 mx = _mm512_max_ps(m[r], amx_max_all(top));
+    __m512 p[4];
+    for (int v = 0; v < 4; ++v) p[v] = _mm512_maskz_mov_ps(k[v], amx_exp16(_mm512_sub_ps(x[v], mx)));
+    _mm512_storeu_si512(pa + r * kAmxKeys, (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]));
+    _mm512_storeu_si512(pa + r * kAmxKeys + 32, (__m512i)_mm512_cvtne2ps_pbh(p[3], p[2]));
     if (_mm512_cmp_ps_mask(mx, m[r], _CMP_GT_OQ)) {  // the max grew: rescale
       const __m512 alpha = amx_exp16(_mm512_sub_ps(m[r], mx));
       l[r] = _mm512_mul_ps(l[r], alpha);
@@ -149,7 +166,7 @@ inline void amx_softmax(const float* s, uint16_t* pa, __m512* m, __m512* l, floa
       for (int64_t d = 0; d < D; d += 16)
         _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), alpha));
     }
-    l[r] = _mm512_add_ps(l[r], _mm512_add_ps(pa0, pb0));
+    l[r] = _mm512_add_ps(l[r], _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
     m[r] = mx;
   }
 }
@@ -165,7 +182,7 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
   if (D % 32 != 0 || D > 256 || group > 16 || !amx_permitted()) return false;
   const int64_t tile_tokens = 16 / group;
   const int64_t head_stride = block_size * D, block_stride = kv_heads * head_stride;
-  // per sequence: keys packed (a multiple of 32), offset of its kv heads' packs
+  // per sequence: keys packed (a multiple of kAmxKeys), offset of its kv heads' packs
   int64_t* packed_at = static_cast<int64_t*>(malloc(sizeof(int64_t) * (seqs + 1)));
   int64_t n_items = 0;
   packed_at[0] = 0;
@@ -249,7 +266,7 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
         const bool masked = k0 + kAmxKeys - 1 > first_pos || rows < 16 ||
                             (window > 0 && k0 <= last - window);
         amx_softmax(s, pa, m, l, o, q_pos, k0, win, scale, masked, D);
-        amx_pv(o, pa, vseq + (k0 / kAmxKeys) * (D / 16) * 512, D, tmp);
+        amx_pv(o, pa, vseq + (k0 / 32) * (D / 16) * 512, D, tmp);
       }
       for (int64_t r = 0; r < rows; ++r) {
         uint16_t* dst = out + ((item.t_begin + r / group) * heads + kh * group + r % group) * D;

@@ -20,6 +20,25 @@
 // (computed at pack time) takes the offset back out. Elsewhere (AVX-512BW,
 // AVX2) the weight bytes are widened to int16 and vpmaddwd multiplies pairs.
 
+// A grow-only, 64-byte-aligned buffer per calling thread and slot. A prefill's
+// quantised activations are megabytes: from malloc they would be a fresh
+// mapping every call, and its first touch would cost more than the product.
+inline void* scratch(int slot, size_t bytes) {
+  struct Buf {
+    void* p = nullptr;
+    size_t n = 0;
+    ~Buf() { free(p); }
+  };
+  static thread_local Buf bufs[3];
+  Buf& b = bufs[slot];
+  if (b.n < bytes) {
+    free(b.p);
+    b.n = (bytes + 63) / 64 * 64;
+    b.p = aligned_alloc(64, b.n);
+  }
+  return b.p;
+}
+
 #ifdef __AVX512VNNI__
 // q + 128 as 4 bytes a step; one vpdpbusd a panel and row.
 struct I8Vnni {
@@ -202,7 +221,7 @@ void int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const int
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t groups = (panels + NP - 1) / NP;
   const int64_t tiles = (M + MR_MAX - 1) / MR_MAX;
-  A* a = static_cast<A*>(aligned_alloc(64, ((M * steps * sizeof(A) + 63) / 64) * 64));
+  A* a = static_cast<A*>(scratch(2, M * steps * sizeof(A)));
   const bool threads = M * N * K >= (int64_t{1} << 18);
 #pragma omp parallel if (threads)
   {
@@ -241,15 +260,14 @@ void int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const int
       }
     }
   }
-  free(a);
 }
 
 template <typename T>
 void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* packed,
                    const float* w_scale, const int32_t* comp, int64_t M, int64_t N, int64_t K,
                    int64_t ldx, int64_t ldo) {
-  int8_t* q = static_cast<int8_t*>(aligned_alloc(64, ((M * K + 63) / 64) * 64));
-  float* a_scale = static_cast<float*>(malloc(sizeof(float) * M));
+  int8_t* q = static_cast<int8_t*>(scratch(0, M * K));
+  float* a_scale = static_cast<float*>(scratch(1, sizeof(float) * M));
   quant_rows(q, a_scale, x, M, K, ldx, static_scale, K);
 #ifdef __AVX512VNNI__
   // 16 rows by one panel at decode (the weight read once), 8 rows by two
@@ -263,8 +281,6 @@ void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* 
 #else
   int8_linear_shaped<I8Widen, 1, 2>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
 #endif
-  free(q);
-  free(a_scale);
 }
 
 // ---- AMX-INT8 ---------------------------------------------------------------
@@ -350,8 +366,8 @@ __attribute__((target("amx-tile,amx-int8"))) void int8_linear_amx_t(
     T* out, const T* x, const float* static_scale, const int8_t* packed, const float* w_scale,
     int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
   const int64_t ldq = (K + 63) / 64 * 64;  // rows zero-padded to whole 64-byte tiles
-  int8_t* q = static_cast<int8_t*>(aligned_alloc(64, M * ldq));
-  float* a_scale = static_cast<float*>(malloc(sizeof(float) * M));
+  int8_t* q = static_cast<int8_t*>(scratch(0, M * ldq));
+  float* a_scale = static_cast<float*>(scratch(1, sizeof(float) * M));
   quant_rows(q, a_scale, x, M, K, ldx, static_scale, ldq);
   const int64_t steps = (K + 3) / 4, full = steps / 16, tail = steps % 16;
   const int64_t panel_size = steps * 4 * kPanel;
@@ -382,7 +398,5 @@ __attribute__((target("amx-tile,amx-int8"))) void int8_linear_amx_t(
     }
     if (configured) _tile_release();
   }
-  free(q);
-  free(a_scale);
 }
 #endif  // AMX-INT8

@@ -55,6 +55,7 @@ bool has_int8_linear();
 // caller has checked the CPU's amx flags. Returns whether the code path in use
 // has AMX kernels, i.e. whether they run.
 bool set_amx(bool enable);
+bool amx_enabled();  // set_amx's answer, as it stands
 void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
                  const at::Tensor& weight_scale, const at::Tensor& weight_comp,
                  const std::optional<at::Tensor>& input_scale);

@@ -33,6 +33,7 @@ TORCH_LIBRARY(_C, m) {
   m.def("linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor? bias) -> ()");
   m.def("cpu_has_int8_linear", &engine::cpu::has_int8_linear);
   m.def("cpu_set_amx", &engine::cpu::set_amx);
+  m.def("cpu_amx", &engine::cpu::amx_enabled);
   // CPU only: W8A8 linear layers, input quantised to int8 per row (dynamic)
   // or with input_scale, int8 weight packed by
   // engine.model_executor.layers.quantization.w8a8.pack_int8.

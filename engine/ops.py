@@ -109,6 +109,11 @@ def set_amx(enable: bool) -> bool:
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_set_amx(enable))
 
 
+def amx_in_use() -> bool:
+    """Whether the kernels run AMX tiles now (set_amx, on a code path that has them)."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_amx())
+
+
 def has_int8_linear() -> bool:
     """Whether the CPU code path in use has the int8 linear kernel (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_int8_linear())

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ops import isa  # noqa: F401  (autouse: every test on each code path)
+from test_ops import isa, tiles  # noqa: F401  (every test on each code path, AMX or not)
 
 from engine import ops, reference
 from engine.model_executor.layers.quantization.wna16 import (LARGE_M, WNA16, dequant_buffer,
                                                              pack_wna16)
 
-pytestmark = pytest.mark.skipif(not ops.has_wna16_linear(),
-                                reason="no wna16 kernel in this build / on this CPU")
+pytestmark = [pytest.mark.skipif(not ops.has_wna16_linear(),
+                                 reason="no wna16 kernel in this build / on this CPU"),
+              pytest.mark.usefixtures("tiles")]
 
 
 def _case(n, k, bits, group, seed=0):
@@ -35,9 +36,10 @@ def _dense(q, scales, zeros, group):
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("m,n,k,group", [(1, 16, 128, 32), (1, 50, 256, 64), (3, 33, 130, 32),
                                          (4, 64, 256, 128), (16, 40, 96, 32), (17, 24, 64, 64),
-                                         (5, 48, 200, 200), (40, 20, 72, 8)])
+                                         (5, 48, 200, 200), (40, 20, 72, 8),
+                                         (16, 48, 300, 128), (33, 17, 64, 32)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_wna16_linear_matches_reference(bits, m, n, k, group, dtype):
+def test_wna16_linear_matches_reference(bits, m, n, k, group, dtype, tiles):
     group = -(-group // (32 // bits)) * (32 // bits)
     q, scales, zeros = _case(n, k, bits, group)
     packed, s, z = pack_wna16(q, scales, zeros, bits, group)
@@ -46,6 +48,14 @@ def test_wna16_linear_matches_reference(bits, m, n, k, group, dtype):
     ops.wna16_linear(out, x, packed, s, z, bits, group)
     reference.wna16_linear(ref, x, packed, s, z, bits, group)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=1.6e-2)
+    if tiles == "amx" and dtype == torch.bfloat16 and m >= 16 and group % 32 == 0:
+        # AMX multiplies bfloat16 weights, the dequantised ones rounded (as the large-M
+        # panel): each product off by at most 2^-9 of itself, the sum then rounded once
+        w = _dense(q, scales, zeros, group)
+        exact = x.float() @ w.T
+        bound = (x.float().abs() @ w.abs().T) * 2.0 ** -9 + exact.abs() * 2.0 ** -8 + 1e-6
+        assert ((out.float() - exact).abs() <= bound).all()
+        return
     torch.testing.assert_close(out, ref, **tol)
     # and the reference is the dense fake-quant product
     dense = x.float() @ _dense(q, scales, zeros, group).T

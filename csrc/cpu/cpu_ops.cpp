@@ -184,7 +184,11 @@ bool has_int8_linear() { return kernels().int8_linear != nullptr; }
 
 bool set_amx(bool enable) {
   amx.store(enable, std::memory_order_relaxed);
-  return enable && kernels().int8_linear_amx != nullptr;
+  return amx_enabled();
+}
+
+bool amx_enabled() {
+  return amx.load(std::memory_order_relaxed) && kernels().int8_linear_amx != nullptr;
 }
 
 void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,

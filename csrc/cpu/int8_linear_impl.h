@@ -20,25 +20,6 @@
 // (computed at pack time) takes the offset back out. Elsewhere (AVX-512BW,
 // AVX2) the weight bytes are widened to int16 and vpmaddwd multiplies pairs.
 
-// A grow-only, 64-byte-aligned buffer per calling thread and slot. A prefill's
-// quantised activations are megabytes: from malloc they would be a fresh
-// mapping every call, and its first touch would cost more than the product.
-inline void* scratch(int slot, size_t bytes) {
-  struct Buf {
-    void* p = nullptr;
-    size_t n = 0;
-    ~Buf() { free(p); }
-  };
-  static thread_local Buf bufs[3];
-  Buf& b = bufs[slot];
-  if (b.n < bytes) {
-    free(b.p);
-    b.n = (bytes + 63) / 64 * 64;
-    b.p = aligned_alloc(64, b.n);
-  }
-  return b.p;
-}
-
 #ifdef __AVX512VNNI__
 // q + 128 as 4 bytes a step; one vpdpbusd a panel and row.
 struct I8Vnni {
@@ -292,29 +273,8 @@ void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* 
 // avx512_bf16 path with a target attribute and used only when the caller has
 // checked the CPU (engine.platforms.cpu_features) and the kernel granted the
 // tile state (amx_permitted).
-#if defined(__AVX512VNNI__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && \
-    defined(__linux__)
+#if defined(__AVX512VNNI__) && defined(ENGINE_HAS_AMX)
 #define ENGINE_HAS_AMX_INT8 1
-}  // namespace
-}  // namespace engine_cpu
-#include <sys/syscall.h>
-#include <unistd.h>
-namespace engine_cpu {
-namespace {
-
-// Linux hands out the AMX tile data state only to a process that asks
-// (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); once is enough for all threads.
-inline bool amx_permitted() {
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return ok;
-}
-
-struct alignas(64) AmxConfig {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
 
 // Tiles: 0, 1 the int32 sums of two panels (mr x 16); 2 the activations (mr x
 // 64 bytes); 3, 4 the panels' 16 steps; 5, 6, 7 the same for the last, short

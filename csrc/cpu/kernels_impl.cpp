@@ -6,6 +6,7 @@
 // kernels.h for why), and only C headers are included.
 #include "kernels.h"
 #include "scalar.h"
+#include "amx.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -29,6 +29,12 @@ struct WNA16Table {
   // a large-M GEMM (prefill), run by torch.
   void (*dequant)(DType dt, int bits, void* wt, const uint32_t* packed, const float* scales,
                   const uint8_t* zeros, int64_t N, int64_t K, int64_t group_size);
+  // linear with AMX tiles, bfloat16 only (avx512_bf16 path; null elsewhere),
+  // for a CPU the caller has checked; false (nothing written) where it does
+  // not run: float32, a group size not a multiple of 32, no tile state.
+  bool (*linear_amx)(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
+                     const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
+                     int64_t group_size, int64_t ldx, int64_t ldo);
 };
 
 // Defined by wna16_impl.cpp for the x86 ISAs CMake compiles (ENGINE_HAS_*).

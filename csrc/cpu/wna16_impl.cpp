@@ -14,6 +14,7 @@
 // latency does not bound the stream.
 #include "wna16.h"
 #include "scalar.h"
+#include "amx.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -318,7 +319,113 @@ void dequant(DType dt, int bits, void* wt, const uint32_t* packed, const float* 
   }
 }
 
-const WNA16Table table = {ENGINE_STR(ENGINE_ISA), linear, dequant};
+#if defined(__AVX512BF16__) && defined(ENGINE_HAS_AMX)
+// bfloat16 rows with AMX tiles (tdpbf16ps), for many rows: each pair of panels
+// is dequantised once a call into tiles' paired layout (16 rows of k pairs x
+// 16 columns, rounded to bfloat16 as the large-M panel is), kept in L2, and
+// every 16-row tile of x multiplies it. Group sizes a multiple of 32 (a tile's
+// 32 k then share one scale); false (nothing written) otherwise.
+template <int BITS>
+__attribute__((target("amx-tile,amx-bf16"))) bool linear_amx_t(
+    uint16_t* out, const uint16_t* x, const uint32_t* packed, const float* scales,
+    const uint8_t* zeros, int64_t M, int64_t N, int64_t K, int64_t G, int64_t ldx, int64_t ldo) {
+  if (G % 32 != 0 || !amx_permitted()) return false;
+  constexpr int PF = 32 / BITS;       // k a packed step
+  constexpr int SPT = 32 / PF;        // steps a 32-k tile
+  const int64_t groups = (K + G - 1) / G, steps = groups * (G / PF);
+  const int64_t chunks = (K + 31) / 32, kp = chunks * 32;
+  const int64_t panels = (N + NR - 1) / NR, pairs = (panels + 1) / 2, tiles = (M + 15) / 16;
+  uint16_t* xa = static_cast<uint16_t*>(scratch(0, sizeof(uint16_t) * M * kp));
+#pragma omp parallel for schedule(static) if (M * K >= (int64_t{1} << 16))
+  for (int64_t m = 0; m < M; ++m) {  // x with its rows zero-padded to whole tiles
+    memcpy(xa + m * kp, x + m * ldx, sizeof(uint16_t) * K);
+    memset(xa + m * kp + K, 0, sizeof(uint16_t) * (kp - K));
+  }
+  const VI mask = iset1((1 << BITS) - 1);
+#pragma omp parallel
+  {
+    uint16_t* wb = static_cast<uint16_t*>(scratch(1, sizeof(uint16_t) * 2 * chunks * 512));
+    alignas(64) float c[16 * 32];
+    int configured = 0;
+#pragma omp for schedule(static)
+    for (int64_t pg = 0; pg < pairs; ++pg) {
+      const int np = panels - 2 * pg < 2 ? 1 : 2;
+      for (int q = 0; q < np; ++q) {  // dequantise: rows of k pairs, a lane a column
+        const int64_t p = 2 * pg + q;
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+          const int64_t g = ch * 32 / G;
+          const VI z = izeros(zeros + (p * groups + g) * NR);
+          const VF sc = fload(scales + (p * groups + g) * NR);
+          uint32_t* rows = reinterpret_cast<uint32_t*>(wb + (q * chunks + ch) * 512);
+          for (int st = 0; st < SPT; ++st) {
+            const VI v = iload(packed + (p * steps + ch * SPT + st) * NR);
+            for (int j = 0; j < PF; j += 2) {
+              const VF w0 = fmul(decode(v, j * BITS, mask, z), sc);
+              const VF w1 = fmul(decode(v, (j + 1) * BITS, mask, z), sc);
+              const VI lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(w0));
+              const VI hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(w1));
+              _mm512_store_si512(rows + ((st * PF + j) / 2) * NR,
+                                 _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+          }
+        }
+      }
+      const int64_t n0 = 2 * pg * NR, cols = N - n0 < np * NR ? N - n0 : np * NR;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m0 = 16 * t;
+        const int mr = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
+        if (mr != configured) {  // 0, 1 sums (mr x 16 fp32), 2 x (mr x 32), 3, 4 weights
+          AmxConfig cfg{};
+          cfg.palette = 1;
+          for (int i = 0; i < 3; ++i) cfg.rows[i] = static_cast<uint8_t>(mr), cfg.colsb[i] = 64;
+          for (int i = 3; i < 5; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+          _tile_loadconfig(&cfg);
+          configured = mr;
+        }
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+          _tile_loadd(2, xa + m0 * kp + ch * 32, kp * 2);
+          _tile_loadd(3, wb + ch * 512, 64);
+          _tile_dpbf16ps(0, 2, 3);
+          if (np == 2) {
+            _tile_loadd(4, wb + (chunks + ch) * 512, 64);
+            _tile_dpbf16ps(1, 2, 4);
+          }
+        }
+        _tile_stored(0, c, 128);
+        _tile_stored(1, c + 16, 128);
+        for (int r = 0; r < mr; ++r) {
+          uint16_t* o = out + (m0 + r) * ldo + n0;
+          if (cols == 2 * NR) {
+            store_bf16(o, fload(c + r * 32));
+            store_bf16(o + NR, fload(c + r * 32 + NR));
+          } else {
+            for (int64_t j = 0; j < cols; ++j) o[j] = float_to_bf16(c[r * 32 + j]);
+          }
+        }
+      }
+    }
+    if (configured) _tile_release();
+  }
+  return true;
+}
+
+bool linear_amx(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
+                const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
+                int64_t G, int64_t ldx, int64_t ldo) {
+  if (dt != DType::kBFloat16) return false;
+  auto* o = static_cast<uint16_t*>(out);
+  auto* xi = static_cast<const uint16_t*>(x);
+  return bits == 4 ? linear_amx_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo)
+                   : linear_amx_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+}
+#define ENGINE_WNA16_AMX linear_amx
+#else
+#define ENGINE_WNA16_AMX nullptr
+#endif
+
+const WNA16Table table = {ENGINE_STR(ENGINE_ISA), linear, dequant, ENGINE_WNA16_AMX};
 
 }  // namespace
 

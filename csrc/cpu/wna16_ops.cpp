@@ -90,6 +90,14 @@ void wna16_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pa
   check_packed(op, packed_weight, scales, zeros, bits, group_size, N, K);
   const auto& t = table_or_fail(op);
   if (M == 0 || N == 0) return;
+  // From 16 rows AMX tiles, where they run (2-core Xeon, 4-bit, K x N 2048 x 6144 and
+  // 5456 x 2048: 8 rows 0.75-0.9x the vector kernel, 16 rows 1.4-1.7x, 64 3.3-3.9x)
+  if (M >= 16 && t.linear_amx != nullptr && amx_enabled() &&
+      t.linear_amx(kdt(dt), static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
+                   reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+                   scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), M, N, K,
+                   group_size, input.stride(0), out.stride(0)))
+    return;
   t.linear(kdt(dt), static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
            reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
            scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), M, N, K, group_size,

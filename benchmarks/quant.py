@@ -43,7 +43,6 @@ AGREE = 4  # first tokens compared with vLLM's
 def child(kind: str, model: str, new: int) -> None:
     """Loads, prints READY, then answers "decode B" / "prefill" lines."""
     decode = prompt_ids(16, 32)
-    prefill = prompt_ids(PREFILL[0], PREFILL[1] - 1, seed=1)
     t0 = time.perf_counter()
     if kind == "engine":
         from engine import LLM, SamplingParams
@@ -66,9 +65,13 @@ def child(kind: str, model: str, new: int) -> None:
     startup = time.perf_counter() - t0
     gen(decode[:1], 4)
     print("READY " + json.dumps({"startup": startup}), flush=True)
+    fresh = iter(range(2, 1 << 30))  # every prefill new prompts: no prefix-cache hits
     for line in sys.stdin:
         what = line.split()
-        prompts, n = (prefill, 1) if what[0] == "prefill" else (decode[:int(what[1])], new)
+        if what[0] == "prefill":
+            prompts, n = prompt_ids(PREFILL[0], PREFILL[1] - 1, seed=next(fresh)), 1
+        else:
+            prompts, n = decode[:int(what[1])], new
         t = time.perf_counter()
         ids = gen(prompts, n)
         dt = time.perf_counter() - t

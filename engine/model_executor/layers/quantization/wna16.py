@@ -23,9 +23,10 @@ PANEL = ops.PANEL
 #: GEMM once per call
 LARGE_M = 64
 #: Rows from which the [K, N] panel and torch's GEMM run even where AMX tiles could
-#: (measured on a 2-core Xeon, 4-bit, K x N 2048 x 6144 / 5456 x 2048: tiles 7.7 / 8.0 ms
-#: vs the panel 10.6 / 8.6 ms at 480 rows, 37.5 / 28.8 vs 30.6 / 24.3 ms at 1920)
-AMX_MAX_M = 1024
+#: (measured on a 2-core Xeon, 4-bit, K x N 2048 x 6144 / 5456 x 2048: tiles 6.2 / 5.5 ms
+#: vs the panel 10.0 / 7.7 ms at 480 rows, 25.8 / 20.2 vs 29.2 / 25.5 ms at 1920; the
+#: tiles read x once per 64 columns, so their lead shrinks as M grows)
+AMX_MAX_M = 4096
 _panel = threading.local()  # the dequantised weight's buffer, this thread's
 
 
@@ -109,7 +110,7 @@ class WNA16:
             x2 = x2.contiguous()
         packed, scales, zeros = layer.wna16
         # AMX tiles (wna16_linear from 16 rows; bfloat16, groups of 32s) beat the [K, N]
-        # panel up to AMX_MAX_M rows: past that oneDNN's GEMM on the panel is faster
+        # panel up to AMX_MAX_M rows
         amx = (x2.shape[0] < AMX_MAX_M and x2.dtype == torch.bfloat16
                and layer.wna16_group % 32 == 0 and ops.amx_in_use())
         if x2.shape[0] >= LARGE_M and not amx:

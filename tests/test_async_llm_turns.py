@@ -69,3 +69,49 @@ def test_a_request_is_answered_between_two_long_steps():
     asyncio.run(main())
     # accepted, read and answered at most one step after the one it arrived in
     assert seen["answered"] - seen["sent"] <= 1, seen
+
+
+class CountingCore:
+    """Stands in for EngineCore: records the sequences each step had."""
+
+    def __init__(self):
+        self.queued, self.steps = [], []
+        self.scheduler, self.last_scheduled, self.requests = SimpleNamespace(), [], {}
+
+    def add(self, seq) -> None:
+        self.queued.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queued)
+
+    def step(self) -> list:
+        self.steps.append(len(self.queued))
+        self.queued = []
+        return []
+
+    def check_health(self) -> None:
+        pass
+
+
+def test_a_burst_of_requests_on_an_idle_engine_starts_in_one_step():
+    """Requests that come together, each a few loop turns apart (as HTTP
+    requests are read), go into the first step together."""
+    core = CountingCore()
+    llm = AsyncLLM(core)
+
+    async def client(i: int) -> None:
+        for _ in range(3 * i):  # reading the request takes turns
+            await asyncio.sleep(0)
+        llm.add([SimpleNamespace(request_id=f"r{i}")])
+
+    async def main() -> None:
+        engine = asyncio.ensure_future(llm.run())
+        await asyncio.sleep(0.05)  # the engine goes idle
+        await asyncio.gather(*(client(i) for i in range(8)))
+        while not core.steps:
+            await asyncio.sleep(0.001)
+        llm.shutdown()
+        await engine
+
+    asyncio.run(main())
+    assert core.steps[0] == 8, core.steps

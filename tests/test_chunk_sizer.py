@@ -35,16 +35,20 @@ def test_scheduler_caps_each_prompt_chunk_not_decodes():
     sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=200,
                       enable_chunked_prefill=True)
     sched.prompt_tokens_cap = 30
-    a, b, c = seq(10), seq(100, 1000), seq(50, 2000)
+    a, b, c, e = seq(10), seq(100, 1000), seq(50, 2000), seq(20, 4000)
     sched.add(a)
     assert step(sched) == [(a, 10, True)]
     sched.add(b)
     sched.add(c)
-    # a decodes; b and c each get a chunk of at most the cap, both in this step
-    assert step(sched) == [(a, 1, True), (b, 30, False), (c, 30, False)]
+    # a decodes; b, the older of two prompts longer than the cap, gets the step's
+    # chunk and c waits for it
+    assert step(sched) == [(a, 1, True), (b, 30, False)]
     sched.prompt_tokens_cap = 80
-    assert step(sched) == [(a, 1, True), (b, 70, True), (c, 20, True)]
+    sched.add(e)
+    # b's last 70 and c's 50 both fit the cap now: whole; e too, never held back
+    assert step(sched) == [(a, 1, True), (b, 70, True), (c, 50, True), (e, 20, True)]
     sched.prompt_tokens_cap = None  # the whole budget again
     d = seq(150, 3000)
     sched.add(d)
-    assert step(sched) == [(a, 1, True), (b, 1, True), (c, 1, True), (d, 150, True)]
+    assert step(sched) == [(a, 1, True), (b, 1, True), (c, 1, True), (e, 1, True),
+                           (d, 150, True)]

@@ -91,8 +91,8 @@ namespace {
 std::atomic<bool> amx{false};
 // From this many rows AMX tiles run; fewer stream the weight as fast with
 // vpdpbusd. Measured (2-core Xeon, 2 threads, K x N 2048 x 6144, 2048 x 10912,
-// 5456 x 2048), AMX over VNNI: 1-4 rows 0.88-1.07x, 16 rows 1.7-1.9x, 64 2.6-2.8x,
-// 480 2.1-3.1x.
+// 5456 x 2048), AMX over VNNI: 1-4 rows 0.88-1.07x, 16 rows 1.8-2.0x, 64 2.6-2.9x,
+// 480 2.7-3.7x.
 constexpr int64_t kAmxInt8Rows = 8;
 }  // namespace
 

@@ -276,82 +276,111 @@ void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* 
 #if defined(__AVX512VNNI__) && defined(ENGINE_HAS_AMX)
 #define ENGINE_HAS_AMX_INT8 1
 
-// Tiles: 0, 1 the int32 sums of two panels (mr x 16); 2 the activations (mr x
-// 64 bytes); 3, 4 the panels' 16 steps; 5, 6, 7 the same for the last, short
-// group of `tail` steps (tail > 0).
+// Tiles: 0-3 the int32 sums of four panels (mr x 16); 4 the activations (mr x
+// 64 bytes); 5 a panel's 16 steps; 6, 7 the same for the last, short group of
+// `tail` steps (tail > 0). Four panels a block: the activations are read once
+// per 64 columns.
+constexpr int kAmxPanels = 4;
+
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_configure(int mr, int64_t tail) {
   AmxConfig c{};
   c.palette = 1;
-  for (int t = 0; t < 3; ++t) c.rows[t] = static_cast<uint8_t>(mr), c.colsb[t] = 64;
-  for (int t = 3; t < 5; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t = 0; t < 5; ++t) c.rows[t] = static_cast<uint8_t>(mr), c.colsb[t] = 64;
+  c.rows[5] = 16, c.colsb[5] = 64;
   if (tail > 0) {
-    c.rows[5] = static_cast<uint8_t>(mr), c.colsb[5] = static_cast<uint16_t>(4 * tail);
-    for (int t = 6; t < 8; ++t) c.rows[t] = static_cast<uint8_t>(tail), c.colsb[t] = 64;
+    c.rows[6] = static_cast<uint8_t>(mr), c.colsb[6] = static_cast<uint16_t>(4 * tail);
+    c.rows[7] = static_cast<uint8_t>(tail), c.colsb[7] = 64;
   }
   _tile_loadconfig(&c);
 }
 
-// c[r, 0:16 * np] = sum_k q[r, k] W[n, k] for np (1 or 2) panels from p0.
+// c[r, 16 i + j] = sum_k q[r, k] W[n, k] for np (1-4) panels from p0.
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_block(
     const int8_t* q, int64_t ldq, const int8_t* p0, int64_t panel_size, int np, int64_t full,
     int64_t tail, int32_t* c) {
   constexpr int64_t CHUNK = 16 * 4 * kPanel;  // bytes of a panel's 16 steps
-  const int8_t* p1 = p0 + panel_size;
+  constexpr int64_t LDC = kAmxPanels * kPanel * 4;
   _tile_zero(0);
   _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
   for (int64_t s = 0; s < full; ++s) {
-    _tile_loadd(2, q + s * 64, ldq);
-    _tile_loadd(3, p0 + s * CHUNK, 64);
-    _tile_dpbssd(0, 2, 3);
-    if (np == 2) {
-      _tile_loadd(4, p1 + s * CHUNK, 64);
-      _tile_dpbssd(1, 2, 4);
+    const int8_t* p = p0 + s * CHUNK;
+    _tile_loadd(4, q + s * 64, ldq);
+    _tile_loadd(5, p, 64);
+    _tile_dpbssd(0, 4, 5);
+    if (np > 1) {
+      _tile_loadd(5, p + panel_size, 64);
+      _tile_dpbssd(1, 4, 5);
+    }
+    if (np > 2) {
+      _tile_loadd(5, p + 2 * panel_size, 64);
+      _tile_dpbssd(2, 4, 5);
+    }
+    if (np > 3) {
+      _tile_loadd(5, p + 3 * panel_size, 64);
+      _tile_dpbssd(3, 4, 5);
     }
   }
   if (tail > 0) {
-    _tile_loadd(5, q + full * 64, ldq);
-    _tile_loadd(6, p0 + full * CHUNK, 64);
-    _tile_dpbssd(0, 5, 6);
-    if (np == 2) {
-      _tile_loadd(7, p1 + full * CHUNK, 64);
-      _tile_dpbssd(1, 5, 7);
+    const int8_t* p = p0 + full * CHUNK;
+    _tile_loadd(6, q + full * 64, ldq);
+    _tile_loadd(7, p, 64);
+    _tile_dpbssd(0, 6, 7);
+    if (np > 1) {
+      _tile_loadd(7, p + panel_size, 64);
+      _tile_dpbssd(1, 6, 7);
+    }
+    if (np > 2) {
+      _tile_loadd(7, p + 2 * panel_size, 64);
+      _tile_dpbssd(2, 6, 7);
+    }
+    if (np > 3) {
+      _tile_loadd(7, p + 3 * panel_size, 64);
+      _tile_dpbssd(3, 6, 7);
     }
   }
-  _tile_stored(0, c, 2 * kPanel * 4);
-  if (np == 2) _tile_stored(1, c + kPanel, 2 * kPanel * 4);
+  _tile_stored(0, c, LDC);
+  _tile_stored(1, c + kPanel, LDC);
+  _tile_stored(2, c + 2 * kPanel, LDC);
+  _tile_stored(3, c + 3 * kPanel, LDC);
 }
 
 template <typename T>
 __attribute__((target("amx-tile,amx-int8"))) void int8_linear_amx_t(
     T* out, const T* x, const float* static_scale, const int8_t* packed, const float* w_scale,
     int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+  constexpr int NP = kAmxPanels;
   const int64_t ldq = (K + 63) / 64 * 64;  // rows zero-padded to whole 64-byte tiles
   int8_t* q = static_cast<int8_t*>(scratch(0, M * ldq));
   float* a_scale = static_cast<float*>(scratch(1, sizeof(float) * M));
   quant_rows(q, a_scale, x, M, K, ldx, static_scale, ldq);
   const int64_t steps = (K + 3) / 4, full = steps / 16, tail = steps % 16;
   const int64_t panel_size = steps * 4 * kPanel;
-  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + 1) / 2;
+  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + NP - 1) / NP;
   const int64_t tiles = (M + 15) / 16;
 #pragma omp parallel if (M * N * K >= (int64_t{1} << 18))
   {
     int configured = 0;  // the mr this thread's tiles are set up for
-    alignas(64) int32_t c[16 * 2 * kPanel];
+    alignas(64) int32_t c[16 * NP * kPanel];
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
-      const int np = static_cast<int>(panels - 2 * g < 2 ? panels - 2 * g : 2);
-      const int64_t n0 = 2 * g * kPanel, cols = N - n0 < np * kPanel ? N - n0 : np * kPanel;
+      const int np = static_cast<int>(panels - NP * g < NP ? panels - NP * g : NP);
+      const int64_t n0 = NP * g * kPanel, cols = N - n0 < np * kPanel ? N - n0 : np * kPanel;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m0 = 16 * t;
         const int mr = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
         if (mr != configured) amx_configure(mr, tail), configured = mr;
-        amx_block(q + m0 * ldq, ldq, packed + 2 * g * panel_size, panel_size, np, full, tail, c);
+        amx_block(q + m0 * ldq, ldq, packed + NP * g * panel_size, panel_size, np, full, tail, c);
         for (int r = 0; r < mr; ++r) {
           T* o = out + (m0 + r) * ldo + n0;
           const float as = a_scale[m0 + r];
+          const int32_t* cr = c + r * NP * kPanel;
+          const float* ws = w_scale + n0;
+#pragma omp simd
           for (int64_t j = 0; j < cols; ++j) {
-            const float v = static_cast<float>(c[r * 2 * kPanel + j]) * as;  // as the reference
-            o[j] = Elem<T>::store(v * w_scale[n0 + j]);
+            const float v = static_cast<float>(cr[j]) * as;  // as the reference: no fusing
+            o[j] = Elem<T>::store(v * ws[j]);
           }
         }
       }

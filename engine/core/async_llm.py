@@ -52,12 +52,6 @@ HEALTH_POLL_S = 1.0  # how often an idle engine checks its ranks
 # prefill: 0.30x of it with 4 turns, 0.19x with 12; a turn costs ~15 us).
 LONG_STEP_S = 0.02
 HTTP_TURNS = 12
-# Clients that connect together (a benchmark's, a batch job's) are each read
-# over several loop turns: a first step started on the first of them would run
-# it alone and the rest a step later (16 clients at once, shared prefix: TTFT
-# p50 474 ms, p99 786). Work that arrives on an idle engine waits until
-# HTTP_TURNS turns bring no new request, or BURST_S.
-BURST_S = 0.01
 
 
 class EngineDeadError(RuntimeError):
@@ -124,8 +118,6 @@ class AsyncLLM:
                     self._idle = loop.create_future()
                     await asyncio.wait([self._idle], timeout=HEALTH_POLL_S)
                     core.check_health()  # a rank that died while idle is heard of here
-                    if self._adds:
-                        await self._rest_of_burst()
                     continue
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
@@ -169,15 +161,6 @@ class AsyncLLM:
             streams, self._streams = list(self._streams.values()), {}
             for s in streams:
                 s.queue.put_nowait(exc)
-
-    async def _rest_of_burst(self) -> None:
-        """Loop turns until HTTP_TURNS of them add no request, or BURST_S."""
-        deadline = time.perf_counter() + BURST_S
-        quiet, seen = 0, len(self._adds)
-        while quiet < HTTP_TURNS and time.perf_counter() < deadline and not self._stopped:
-            await asyncio.sleep(0)
-            quiet = quiet + 1 if len(self._adds) == seen else 0
-            seen = len(self._adds)
 
     def shutdown(self) -> None:
         """Make run() return after the step under way (call it in run()'s loop)."""

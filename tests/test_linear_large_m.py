@@ -55,7 +55,10 @@ def test_both_paths_compute_the_layer(monkeypatch, dtype):
     if not ops.has_panel_linear():
         pytest.skip("this code path has no panel kernel: F.linear runs every batch")
     monkeypatch.setenv("VLLM_CPU_LINEAR_LARGE_M", "8")
+    # panels as the layers' mode even where auto picks oneDNN (bfloat16 with AMX)
+    monkeypatch.setenv("VLLM_CPU_LINEAR", "panels")
     linear.cpu_large_m_choice.cache_clear()
+    linear.cpu_linear_choice.cache_clear()
     try:
         layer = linear.Linear(64, 40, bias=True, dtype=dtype)
         torch.nn.init.normal_(layer.weight)
@@ -70,6 +73,7 @@ def test_both_paths_compute_the_layer(monkeypatch, dtype):
             torch.testing.assert_close(layer(x).float(), want, atol=tol, rtol=2e-2)
     finally:
         linear.cpu_large_m_choice.cache_clear()
+        linear.cpu_linear_choice.cache_clear()
 
 
 def test_large_batches_leave_the_panel_kernel(monkeypatch):

@@ -20,8 +20,12 @@ WHEEL_RE = re.compile(
 
 # What the extension may need at run time: torch's own libraries (already
 # loaded by `import torch`) and the base system.
+# ld-linux: the dynamic loader itself, there on every glibc system, for
+# __tls_get_addr (the kernels' per-thread scratch buffers are thread_local); torch's
+# own libtorch_cpu.so needs it too
 ALLOWED_NEEDED = {"libtorch_cpu.so", "libtorch.so", "libc10.so", "libgomp.so.1",
-                  "libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6"}
+                  "libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6",
+                  "ld-linux-x86-64.so.2"}
 
 
 def _mirror_args(url: str) -> list[str]:

@@ -1,6 +1,7 @@
 // Torch-facing CPU ops: validate (op_checks.h), then call the kernel table
 // picked for this processor (isa.cpp).
 #include <atomic>
+
 #include "../op_checks.h"
 #include "../ops.h"
 #include "dispatch.h"
@@ -107,7 +108,7 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& query,
   TORCH_CHECK(table.paged_prefill_attention != nullptr, "paged_prefill_attention: the ",
               table.isa, " kernels have none; engine.ops runs the torch reference there");
   if (a.seqs == 0 || query.size(0) == 0) return;
-  if (table.paged_prefill_attention_amx != nullptr && amx.load(std::memory_order_relaxed) &&
+  if (table.paged_prefill_attention_amx != nullptr && amx_enabled() &&
       table.paged_prefill_attention_amx(
           kdt(a.dtype), out.data_ptr(), query.const_data_ptr(), key_cache.const_data_ptr(),
           value_cache.const_data_ptr(), block_tables.const_data_ptr<int32_t>(),
@@ -181,7 +182,6 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
 
 bool has_int8_linear() { return kernels().int8_linear != nullptr; }
 
-
 bool set_amx(bool enable) {
   amx.store(enable, std::memory_order_relaxed);
   return amx_enabled();
@@ -236,8 +236,7 @@ void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pac
   TORCH_CHECK(table.int8_linear != nullptr, op, ": the ", table.isa,
               " kernels have no int8_linear; use engine.reference.int8_linear");
   if (M == 0 || N == 0) return;
-  if (M >= kAmxInt8Rows && table.int8_linear_amx != nullptr &&
-      amx.load(std::memory_order_relaxed) &&
+  if (M >= kAmxInt8Rows && table.int8_linear_amx != nullptr && amx_enabled() &&
       table.int8_linear_amx(kdt(dt), out.data_ptr(), input.const_data_ptr(), s,
                             packed_weight.const_data_ptr<int8_t>(),
                             weight_scale.const_data_ptr<float>(),

@@ -294,7 +294,9 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_configure(int mr, i
   _tile_loadconfig(&c);
 }
 
-// c[r, 16 i + j] = sum_k q[r, k] W[n, k] for np (1-4) panels from p0.
+// c[r, 16 i + j] = sum_k q[r, k] W[n, k] for np (1-4) panels from p0. (The full
+// groups and the tail repeat one shape with other tiles: GCC's tile intrinsics
+// stringify their tile numbers, so a template parameter cannot name them.)
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_block(
     const int8_t* q, int64_t ldq, const int8_t* p0, int64_t panel_size, int np, int64_t full,
     int64_t tail, int32_t* c) {

@@ -18,6 +18,20 @@ enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 constexpr int64_t kPanel = 16;
 
 // Every pointer is to the first element; strides are in elements.
+// Signatures a kernel and its AMX variant share (R: void; bool for the variant,
+// false where it did not run).
+template <typename R>
+using Int8LinearFn = R (*)(DType dt, void* out, const void* x, const float* static_scale,
+                           const int8_t* packed, const float* w_scale, const int32_t* comp,
+                           int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo);
+template <typename R>
+using PrefillAttentionFn = R (*)(DType dt, void* out, const void* query, const void* key_cache,
+                                 const void* value_cache, const int32_t* block_tables,
+                                 const int32_t* query_start_loc, const int32_t* seq_lens,
+                                 int64_t seqs, int64_t heads, int64_t kv_heads,
+                                 int64_t head_size, int64_t block_size, int64_t max_blocks,
+                                 float scale, int64_t sliding_window);
+
 struct KernelTable {
   const char* isa;
 
@@ -86,15 +100,11 @@ struct KernelTable {
   // [ceil(N/16), ceil(K/4), 16, 4] with int32 accumulation, scaled by the
   // row's scale and w_scale[n]. comp[n] = 128 * sum_k W[n, k], padded to the
   // panels. Null on the code paths without it (the caller then uses torch).
-  void (*int8_linear)(DType dt, void* out, const void* x, const float* static_scale,
-                      const int8_t* packed, const float* w_scale, const int32_t* comp,
-                      int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo);
+  Int8LinearFn<void> int8_linear;
   // The same with AMX-INT8 tiles (comp unused): on the avx512_bf16 path of a
   // compiler with AMX, null elsewhere. Only for a CPU with amx_int8 (the caller
   // checks); false when the OS refuses the tile state (nothing is written).
-  bool (*int8_linear_amx)(DType dt, void* out, const void* x, const float* static_scale,
-                          const int8_t* packed, const float* w_scale, const int32_t* comp,
-                          int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo);
+  Int8LinearFn<bool> int8_linear_amx;
   // Prefill (and chunked-prefill) attention over the paged cache. query/out:
   // [T, heads, head_size] contiguous; sequence b's queries are rows
   // query_start_loc[b] .. query_start_loc[b + 1] - 1 and sit at the last
@@ -102,27 +112,11 @@ struct KernelTable {
   // keys at positions <= its own (and > its own - sliding_window when
   // sliding_window > 0). Validated by the caller. Null where not compiled
   // (NEON: the caller runs the torch reference).
-  void (*paged_prefill_attention)(DType dt, void* out, const void* query,
-                                  const void* key_cache, const void* value_cache,
-                                  const int32_t* block_tables,
-                                  const int32_t* query_start_loc,
-                                  const int32_t* seq_lens, int64_t seqs,
-                                  int64_t heads, int64_t kv_heads,
-                                  int64_t head_size, int64_t block_size,
-                                  int64_t max_blocks, float scale,
-                                  int64_t sliding_window);
+  PrefillAttentionFn<void> paged_prefill_attention;
   // The same with AMX bfloat16 tiles (avx512_bf16 path, a compiler with AMX;
   // null elsewhere), for a CPU the caller has checked. False (nothing written)
   // for float32, a shape it does not take or when the OS refuses the tile state.
-  bool (*paged_prefill_attention_amx)(DType dt, void* out, const void* query,
-                                      const void* key_cache, const void* value_cache,
-                                      const int32_t* block_tables,
-                                      const int32_t* query_start_loc,
-                                      const int32_t* seq_lens, int64_t seqs,
-                                      int64_t heads, int64_t kv_heads,
-                                      int64_t head_size, int64_t block_size,
-                                      int64_t max_blocks, float scale,
-                                      int64_t sliding_window);
+  PrefillAttentionFn<bool> paged_prefill_attention_amx;
 
   // Mixture-of-experts MLP (moe_impl.h): out[t, :H] = sum over j < topk of
   // topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =

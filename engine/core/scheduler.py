@@ -95,11 +95,12 @@ class Scheduler:
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
             head = self.waiting[0]
-            left = len(head) - len(self.blocks.computed_blocks(head)) * self.blocks.block_size
+            computed = self.blocks.computed_blocks(head)
+            left = len(head) - len(computed) * self.blocks.block_size
             allowed = min(budget, chunk if left <= chunk else long_left)
             if allowed == 0:
                 break
-            n = self._admit(head, allowed)
+            n = self._admit(head, allowed, computed)
             if n is None:
                 break
             long_left = max(long_left - n, 0)
@@ -141,11 +142,14 @@ class Scheduler:
         self.running.extendleft(reversed(batch))
         return batch
 
-    def _admit(self, seq: Sequence, budget: int | None) -> int | None:
-        """Give a waiting sequence its cached prefix and blocks for its next
+    def _admit(self, seq: Sequence, budget: int | None,
+               computed: list[int] | None = None) -> int | None:
+        """Give a waiting sequence its cached prefix (`computed`: its
+        computed_blocks, when the caller has them) and blocks for its next
         chunk (at most `budget` tokens; None: all of them, and a prompt that
         does not fit whole waits); the chunk's size, or None: it waits."""
-        computed = self.blocks.computed_blocks(seq)
+        if computed is None:
+            computed = self.blocks.computed_blocks(seq)
         start = len(computed) * self.blocks.block_size
         n = len(seq) - start
         if budget is not None:

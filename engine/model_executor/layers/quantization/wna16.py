@@ -102,6 +102,13 @@ class WNA16:
     def process_weights(self, layer: nn.Module) -> None:
         """Nothing left to lay out: set_weights packed the weight."""
 
+    @staticmethod
+    def _amx_runs(layer: nn.Module, x2: torch.Tensor) -> bool:
+        """AMX tiles (wna16_linear from 16 rows; bfloat16, groups of 32s) beat the
+        [K, N] panel up to AMX_MAX_M rows."""
+        return (x2.shape[0] < AMX_MAX_M and x2.dtype == torch.bfloat16
+                and layer.wna16_group % 32 == 0 and ops.amx_in_use())
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         if layer.wna16_perm is not None:
@@ -109,11 +116,7 @@ class WNA16:
         elif x2.stride(-1) != 1:
             x2 = x2.contiguous()
         packed, scales, zeros = layer.wna16
-        # AMX tiles (wna16_linear from 16 rows; bfloat16, groups of 32s) beat the [K, N]
-        # panel up to AMX_MAX_M rows
-        amx = (x2.shape[0] < AMX_MAX_M and x2.dtype == torch.bfloat16
-               and layer.wna16_group % 32 == 0 and ops.amx_in_use())
-        if x2.shape[0] >= LARGE_M and not amx:
+        if x2.shape[0] >= LARGE_M and not self._amx_runs(layer, x2):
             wt = dequant_buffer(layer.in_features, layer.out_features, x2.dtype)
             ops.wna16_dequant(wt, packed, scales, zeros, self.bits, layer.wna16_group)
             out = torch.mm(x2, wt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.kv_cache_manager import BlockManager, block_hash
+from engine.core.kv_cache_manager import PARTIAL_TOKENS, BlockManager, block_hash
 from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
 
@@ -116,6 +116,67 @@ def test_unreferenced_cached_blocks_are_evicted_least_recently_used_and_last():
     assert len(bm.computed_blocks(seq(new + [1]))) == 1
 
 
+# ---- parts of blocks (PARTIAL_TOKENS) -------------------------------------------
+
+PART = PARTIAL_TOKENS
+BIG = 4 * PART  # a block of four parts
+
+
+def test_a_prompt_finds_the_written_parts_of_a_block():
+    bm = BlockManager(num_blocks=8, block_size=BIG, enable_prefix_caching=True)
+    system = list(range(100, 100 + 2 * PART + 5))
+    a = seq(system + [1])
+    run(bm, a)  # one block, two parts of it written (and 6 tokens more)
+    assert bm.computed_blocks(seq(system + [2])) == []  # no full block
+    assert bm.partial_hit(seq(system + [2]), 0) == (a.block_table[0], 2 * PART)
+    assert bm.partial_hit(seq(system[:PART + 3] + [2]), 0) == (a.block_table[0], PART)
+    assert bm.partial_hit(seq(system[:PART - 1] + [2]), 0) is None  # less than a part
+    assert bm.partial_hit(seq(system[:2 * PART]), 0) == (a.block_table[0], PART)  # last token
+    assert bm.partial_hit(seq([7] + system[1:] + [2]), 0) is None
+
+
+def test_parts_chain_on_the_blocks_before_them():
+    bm = BlockManager(num_blocks=8, block_size=BIG, enable_prefix_caching=True)
+    first, second = list(range(BIG)), list(range(500, 500 + PART + 1))
+    a = seq(first + second + [1])
+    run(bm, a)
+    b = seq(first + second + [2])
+    assert len(bm.computed_blocks(b)) == 1
+    assert bm.partial_hit(b, 1) == (a.block_table[1], PART)
+    other = seq(list(range(1000, 1000 + BIG)) + second + [2])  # same part, another parent
+    assert bm.partial_hit(other, 1) is None
+
+
+def test_a_freed_block_keeps_its_parts_until_it_is_evicted():
+    bm = BlockManager(num_blocks=2, block_size=BIG, enable_prefix_caching=True)
+    a = seq(list(range(PART + 3)))
+    run(bm, a)
+    block = a.block_table[0]
+    bm.free_blocks(a)
+    assert list(bm.evictable) == [block] and bm.num_free == 2
+    assert bm.partial_hit(seq(list(range(PART + 3))), 0) == (block, PART)
+    run(bm, seq(range(900, 900 + BIG + 1)))  # two blocks: the named one is taken last
+    assert bm.partial_hit(seq(list(range(PART + 3))), 0) is None
+    assert block_hash(b"", list(range(PART))) not in bm.partial  # its name went with it
+    assert all(h in bm.partial_of[b] for h, b in bm.partial.items())
+
+
+def test_a_copy_source_is_pinned_until_its_step_ran():
+    bm = BlockManager(num_blocks=2, block_size=BIG, enable_prefix_caching=True)
+    a = seq(list(range(PART + 3)))
+    run(bm, a)
+    bm.free_blocks(a)
+    block, _ = bm.partial_hit(seq(list(range(PART + 3))), 0)
+    bm.pin(block)
+    assert bm.ref[block] == 1 and bm.num_free == 1 and block not in bm.evictable
+    b = seq(range(900, 910))
+    run(bm, b)
+    assert b.block_table != [block]  # the pinned block is not handed out
+    assert not bm.can_allocate(seq(range(2)), 1)
+    bm.unpin_all()
+    assert bm.ref[block] == 0 and list(bm.evictable) == [block] and bm.num_free == 1
+
+
 def test_without_prefix_caching_nothing_is_found():
     bm = BlockManager(num_blocks=8, block_size=BS)
     tokens = list(range(3 * BS))
@@ -154,6 +215,45 @@ def test_no_block_is_held_twice_lost_or_shared_unequal(ops):
             for i, b in enumerate(s.block_table[:len(s) // 8]):
                 assert content.setdefault(b, s.token_ids[i * 8:(i + 1) * 8]) == \
                     s.token_ids[i * 8:(i + 1) * 8]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 90), st.integers(0, 2)), max_size=50))
+def test_every_row_a_sequence_reads_holds_its_token(ops):
+    """Random admissions taking whole blocks and parts of blocks (copied, as
+    the model runner does), and frees, over a model of each row's content:
+    every computed row of every live sequence holds that sequence's token."""
+    bs = 2 * PART
+    bm = BlockManager(num_blocks=10, block_size=bs, enable_prefix_caching=True)
+    rows = [[None] * bs for _ in range(10)]
+    live: list[Sequence] = []
+    for admit, n, prefix in ops:
+        if admit:
+            s = seq([prefix] * 20 + list(range(n)))
+            computed = bm.computed_blocks(s)
+            part = bm.partial_hit(s, len(computed))
+            s.num_computed_tokens = len(computed) * bs + (part[1] if part else 0)
+            if part:
+                bm.pin(part[0])
+            new = len(s) - s.num_computed_tokens
+            if bm.can_allocate(s, new, computed):
+                bm.allocate(s, new, computed)
+                if part:
+                    dst = s.block_table[len(computed)]
+                    rows[dst][:part[1]] = rows[part[0]][:part[1]]
+                for p in range(s.num_computed_tokens, len(s)):
+                    rows[s.block_table[p // bs]][p % bs] = s.token_ids[p]
+                s.num_computed_tokens = len(s)
+                bm.cache_full_blocks(s)
+                live.append(s)
+            bm.unpin_all()
+        elif live:
+            bm.free_blocks(live.pop(n % len(live)))
+        held = [b for s in live for b in s.block_table]
+        assert sorted(set(held) | set(bm.free) | set(bm.evictable)) == list(range(10))
+        assert all(bm.ref[b] == held.count(b) for b in range(10))
+        for s in live:
+            assert [rows[s.block_table[p // bs]][p % bs] for p in range(len(s))] == s.token_ids
 
 
 def test_prefix_cache_counters_reach_the_metrics():

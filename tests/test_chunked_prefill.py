@@ -96,3 +96,32 @@ def test_an_aborted_request_gives_its_blocks_back(model, prompts):
     assert seq.num_computed_tokens == 48 and seq.num_output_tokens == 0
     assert core.abort("a")
     assert core.blocks.num_free == core.blocks.num_blocks and sum(core.blocks.ref) == 0
+
+
+def test_a_part_of_a_block_is_copied_not_recomputed(model):
+    """A prompt sharing 26 tokens of another's third block (of 32) starts past
+    the 16 of them that make a whole part, copied from that block: its greedy
+    ids are transformers' own, also when both prompts run in one call."""
+    r = random.Random(5)
+    system = [r.randrange(3, 100) for _ in range(90)]
+    first, second = system + [7, 8, 9], system + [r.randrange(3, 100) for _ in range(20)]
+    want = [hf_greedy(model, p, GREEDY.max_tokens) for p in (first, second)]
+    llm = make(model, True, True)
+    assert llm.generate([first], GREEDY)[0].outputs[0].token_ids == want[0]
+    computed, copies = [], []
+    schedule, execute = llm.core.scheduler.schedule, llm.core.executor.execute_model
+
+    def spy():
+        batch, prefill = schedule()
+        computed.extend(s.num_computed_tokens for s in batch if s.num_scheduled_tokens > 1)
+        copies.extend(s.kv_copy for s in batch if s.kv_copy)
+        return batch, prefill
+
+    llm.core.scheduler.schedule = spy
+    (out,) = llm.generate([second], GREEDY)
+    assert out.outputs[0].token_ids == want[1]
+    assert computed[0] == 80 and len(copies) == 1 and copies[0][2] == 16
+    b = llm.core.blocks
+    assert not b.pinned and b.num_free == b.num_blocks and sum(b.ref) == 0
+    outs = llm.generate([first, second], GREEDY)  # the first's own blocks are cached now
+    assert [o.outputs[0].token_ids for o in outs] == want

@@ -86,7 +86,10 @@ class EngineCore:
         if not seqs:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
         sampled = [s for s in seqs if s.samples]
-        tokens = self.executor.execute_model(seqs, is_prefill)
+        try:
+            tokens = self.executor.execute_model(seqs, is_prefill)
+        finally:
+            self.scheduler.copies_done()
         for seq in seqs:
             seq.num_computed_tokens += seq.num_scheduled_tokens
             self.blocks.cache_full_blocks(seq)

@@ -10,6 +10,17 @@ A freed cached block keeps its content in an LRU list until it is needed
 for other data; a block that holds nothing reusable (uncached, or never
 used) is handed out first.
 
+A prompt that shares only part of a block (a system prompt ends mid-block,
+the rest of that block is each user's own) takes the shared part too: once
+written, each PARTIAL_TOKENS-long prefix of a block's tokens (16, 32, ...) is
+named as well, in full blocks and in the block a sequence is still filling,
+and a sequence whose next tokens match such a part gets a fresh block into
+which the model runner copies those K/V rows (StepInputs.kv_copies) before
+it computes the rest; a freed block with such a name stays in the LRU list.
+Without it a 128-token block recomputes up to 127 shared tokens a prompt (a
+1501-token system prompt: 93 of its tokens recomputed a prompt instead of 13); upstream matches whole
+blocks only. The copy's source is pinned until its step has run.
+
 Those uncached free blocks are a stack: the block freed last is handed out
 first. The cache is committed lazily (its pages are touched as blocks fill),
 so reusing warm blocks keeps the resident memory at the working set instead
@@ -23,6 +34,9 @@ from collections import OrderedDict
 from engine.core.sequence import Sequence
 
 _ROOT = b""  # the parent hash of a sequence's first block
+# The granularity of partial-block hits: a part this long costs one hash per
+# cached block and part, and saves recomputing up to this many tokens less one.
+PARTIAL_TOKENS = 16
 
 
 def block_hash(parent: bytes, token_ids) -> bytes:
@@ -37,10 +51,13 @@ class BlockManager:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))  # block 0 on top
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced: LRU first
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # named, unreferenced: LRU first
         self.ref = [0] * num_blocks
         self.hash_of: dict[int, bytes] = {}
         self.cached: dict[bytes, int] = {}
+        self.partial: dict[bytes, int] = {}  # a block's first k * PARTIAL_TOKENS tokens
+        self.partial_of: dict[int, list[bytes]] = {}  # the parts that name a block
+        self.pinned: list[int] = []  # sources of this step's partial-block copies
         # upstream's vllm:prefix_cache_queries / _hits: prompt tokens looked up / found
         self.prefix_queries = self.prefix_hits = 0
 
@@ -79,6 +96,35 @@ class BlockManager:
             found.append(block)
         return found
 
+    def partial_hit(self, seq: Sequence, num_full: int) -> tuple[int, int] | None:
+        """(cached block, tokens): the longest part of a cached block that holds
+        the sequence's next tokens past its num_full cached blocks, leaving its
+        last token to compute; None when no part matches."""
+        bs, part = self.block_size, PARTIAL_TOKENS
+        if not self.partial or seq.params.prompt_logprobs is not None:
+            return None
+        start = num_full * bs
+        parent = self._hashes(seq, num_full)[-1] if num_full else _ROOT
+        k = min(bs - 1, len(seq) - 1 - start) // part
+        for k in range(k, 0, -1):
+            block = self.partial.get(block_hash(parent, seq.token_ids[start:start + k * part]))
+            if block is not None:
+                return block, k * part
+        return None
+
+    def pin(self, block: int) -> None:
+        """Keep a copy's source block from being handed out until unpin_all()."""
+        self.pinned.append(self._take(block))
+
+    def unpin_all(self) -> None:
+        while self.pinned:
+            self.unpin_last()
+
+    def unpin_last(self) -> None:
+        block = self.pinned.pop()
+        if self._drop(block):
+            self.free.append(block)
+
     def count_lookup(self, seq: Sequence, num_hit_tokens: int) -> None:
         """Count an admitted sequence's prompt lookup (once per admission)."""
         if self.enable_prefix_caching:
@@ -99,6 +145,24 @@ class BlockManager:
                 self.cached[h] = block
                 self.hash_of[block] = h
         seq.num_cached_blocks = max(seq.num_cached_blocks, full)
+        self._name_parts(seq)
+
+    def _name_parts(self, seq: Sequence) -> None:
+        """Name the parts written since the last call: each PARTIAL_TOKENS
+        more tokens of a block (a whole block has its own name)."""
+        bs, part = self.block_size, PARTIAL_TOKENS
+        end = min(seq.num_computed_tokens, len(seq.block_table) * bs) // part * part
+        for p in range(seq.num_named_tokens + part, end + 1, part):
+            i, n = divmod(p, bs)
+            if n == 0:
+                continue
+            parent = seq.block_hashes[i - 1] if i else _ROOT
+            h = block_hash(parent, seq.token_ids[i * bs:p])
+            if h not in self.partial:  # the first block written with these tokens keeps them
+                block = seq.block_table[i]
+                self.partial[h] = block
+                self.partial_of.setdefault(block, []).append(h)
+        seq.num_named_tokens = max(seq.num_named_tokens, end)
 
     # ---- allocation ----------------------------------------------------------
 
@@ -127,7 +191,11 @@ class BlockManager:
         if self.free:
             return self.free.pop()
         block, _ = self.evictable.popitem(last=False)  # the least recently used
-        del self.cached[self.hash_of.pop(block)]
+        h = self.hash_of.pop(block, None)
+        if h is not None:
+            del self.cached[h]
+        for h in self.partial_of.pop(block, ()):
+            del self.partial[h]
         return block
 
     def _take(self, block: int) -> int:
@@ -140,17 +208,19 @@ class BlockManager:
         """Drop the sequence's references. Its last block is released first, so
         that of its cached blocks the tail is evicted first and the shared
         head is kept longest (as upstream)."""
-        uncached = []
-        for block in reversed(seq.block_table):
-            self.ref[block] -= 1
-            if self.ref[block] == 0:
-                if block in self.hash_of:
-                    self.evictable[block] = None
-                else:
-                    uncached.append(block)
+        uncached = [b for b in reversed(seq.block_table) if self._drop(b)]
         self.free.extend(uncached)  # its first block on top
         seq.block_table = []
-        seq.num_cached_blocks = 0
+        seq.num_cached_blocks = seq.num_named_tokens = 0
+
+    def _drop(self, block: int) -> bool:
+        """One reference fewer. True when that frees an unnamed block (the
+        caller puts it on the free stack); a named one goes to the LRU list."""
+        self.ref[block] -= 1
+        if self.ref[block] or (block not in self.hash_of and block not in self.partial_of):
+            return self.ref[block] == 0
+        self.evictable[block] = None
+        return False
 
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + \

@@ -8,7 +8,8 @@ long prompt is prefilled over several steps while the others decode. Without
 it, waiting prompts run whole, alone, before any decode (the old engine).
 
 A waiting sequence starts past the longest prefix of its tokens whose KV
-blocks are cached (prefix caching). It is admitted only if it leaves a
+blocks are cached (prefix caching), and past the part of the next block a
+cached block shares with it (copied in by the step that admits it). It is admitted only if it leaves a
 reserve of free blocks: those the running sequences need for their next
 token, plus a watermark of 1% of the cache (upstream V0's), so a new prompt
 does not take the block an older sequence needs next and get preempted at
@@ -43,6 +44,7 @@ class Scheduler:
         # holds, so many clients' first tokens never queue behind each other's
         # decodes; longer prompts share one such chunk a step, oldest first.
         self.prompt_tokens_cap: int | None = None
+        self._copying: list[Sequence] = []  # admitted last step with a partial-block copy
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -110,6 +112,13 @@ class Scheduler:
             budget -= n
         return batch
 
+    def copies_done(self) -> None:
+        """The step has run (or failed): its partial-block copies are done."""
+        for seq in self._copying:
+            seq.kv_copy = None
+        self._copying = []
+        self.blocks.unpin_all()
+
     def _schedule_prefill_first(self) -> list[Sequence]:
         batch, tokens = [], 0
         while self.waiting and len(self.running) + len(batch) < self.max_num_seqs:
@@ -148,20 +157,29 @@ class Scheduler:
         computed_blocks, when the caller has them) and blocks for its next
         chunk (at most `budget` tokens; None: all of them, and a prompt that
         does not fit whole waits); the chunk's size, or None: it waits."""
+        blocks = self.blocks
         if computed is None:
-            computed = self.blocks.computed_blocks(seq)
-        start = len(computed) * self.blocks.block_size
-        n = len(seq) - start
+            computed = blocks.computed_blocks(seq)
+        start = len(computed) * blocks.block_size
+        part = blocks.partial_hit(seq, len(computed))
+        n = len(seq) - start - (part[1] if part else 0)
         if budget is not None:
             if not self.enable_chunked_prefill and n > budget:
                 return None
             n = min(n, budget)
-        seq.num_computed_tokens = start
-        if not self.blocks.can_allocate(seq, n, computed, reserve=self._reserve()):
+        if part:
+            blocks.pin(part[0])  # before the check: it may leave the free list
+        seq.num_computed_tokens = start + (part[1] if part else 0)
+        if not blocks.can_allocate(seq, n, computed, reserve=self._reserve()):
+            if part:
+                blocks.unpin_last()
             seq.num_computed_tokens = 0
             return None
-        self.blocks.count_lookup(seq, start)
-        self.blocks.allocate(seq, n, computed)
+        blocks.count_lookup(seq, seq.num_computed_tokens)
+        blocks.allocate(seq, n, computed)
+        if part:
+            seq.kv_copy = (part[0], seq.block_table[len(computed)], part[1])
+            self._copying.append(seq)
         seq.num_cached_blocks = len(computed)
         seq.num_scheduled_tokens = n
         return n

@@ -26,6 +26,10 @@ class Sequence:
         self.num_scheduled_tokens = 0  # tokens the current step computes
         self.block_hashes: list[bytes] = []  # prefix caching: the chain over its full blocks
         self.num_cached_blocks = 0  # of its blocks, those named in the prefix cache
+        self.num_named_tokens = 0  # its tokens whose parts of blocks are named (PARTIAL_TOKENS)
+        # (source block, its block, tokens): K/V rows of a partial prefix hit that the
+        # step admitting it copies (engine/core/kv_cache_manager.py); None after it
+        self.kv_copy: tuple[int, int, int] | None = None
         self.finish_reason: str | None = None
         self.text = ""
         self.stop_string: str | int | None = None  # what stopped it (upstream's stop_reason)

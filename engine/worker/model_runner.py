@@ -60,6 +60,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, x: StepInputs) -> torch.Tensor:
         """The logits of the last token of each sequence that samples."""
+        if x.kv_copies:
+            self._copy_kv(x.kv_copies)
         set_context(ForwardContext(x.is_prefill, x.slots, cu_seqlens=x.cu_seqlens,
                                    block_tables=x.block_tables, seq_lens=x.seq_lens,
                                    query_start_loc=x.query_start_loc))
@@ -69,6 +71,13 @@ class ModelRunner:
             return self._stage(x)
         finally:
             set_context(None)
+
+    def _copy_kv(self, copies: list[tuple[int, int, int]]) -> None:
+        """Partial prefix hits: rows [0, n) of block src into block dst, every layer."""
+        for attn in self.model.attention_layers():
+            for cache in (attn.k_cache, attn.v_cache):
+                for src, dst, n in copies:
+                    cache[dst, :, :n] = cache[src, :, :n]
 
     def _stage(self, x: StepInputs) -> torch.Tensor | None:
         """This pipeline stage's layers over the batch: hidden states and
@@ -104,6 +113,8 @@ class StepInputs:
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor | None  # prefill: where each sequence's queries start
+    # partial prefix hits: (source block, block, rows) copied before the step
+    kv_copies: list[tuple[int, int, int]]
 
 
 def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> list[int]:
@@ -175,7 +186,8 @@ def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequen
     return StepInputs(is_prefill, _tensor(device, ids, torch.int64),
                       _tensor(device, positions, torch.int64), _tensor(device, slots, torch.int64),
                       _tensor(device, last, torch.int64), cu, tables,
-                      _tensor(device, seq_lens, torch.int32), query_start_loc)
+                      _tensor(device, seq_lens, torch.int32), query_start_loc,
+                      [s.kv_copy for s in seqs if s.kv_copy])
 
 
 def _tensor(device: torch.device, data, dtype) -> torch.Tensor:

@@ -160,10 +160,18 @@ def main() -> int:
 
 
 def peer_failure(log: Path) -> str:
-    """The last error line a peer that failed to start logged."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
-             if "Error" in ln or "error" in ln]
-    return lines[-1][:300] if lines else f"see {log}"
+    """The root cause a peer that failed to start logged: its first error
+    line that is not a wrapper's, with the reasons vLLM gives per kernel."""
+    import re
+
+    lines = [re.sub(r"^\(\w+ pid=\d+\) ERROR \S+ \S+ \[[^]]*\]\s*", "", ln).strip()
+             for ln in log.read_text(errors="replace").splitlines()]
+    errors = [ln for ln in lines if re.match(r"\w*(Error|Exception): ", ln)
+              and "initialization failed" not in ln]
+    reasons = [ln for ln in lines if "cannot implement due to" in ln]
+    if not errors:
+        return f"see {log}"
+    return " ".join([errors[0]] + reasons)[:600]
 
 
 def report(targets, s: str, q: Side, base: Side, peer: Side | None, requests) -> None:

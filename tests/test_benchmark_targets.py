@@ -71,3 +71,23 @@ def test_machine_names_cpu_model_isa_and_count():
 
     assert machine() == f"{cpu_model()} ({kernel_isa()}, {__import__('os').cpu_count()} CPUs)"
     assert kernel_isa() != "unknown"
+
+
+def test_a_peer_that_failed_to_start_is_named_by_its_root_cause(tmp_path):
+    from benchmarks.quant import peer_failure
+
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(Worker pid=7) ERROR 12-02 18:04:26 [multiproc_executor.py:953] Traceback (most recent"
+        " call last):\n"
+        "(Worker pid=7) ERROR 12-02 18:04:26 [multiproc_executor.py:953]     raise ValueError(\n"
+        "(Worker pid=7) ERROR 12-02 18:04:26 [multiproc_executor.py:953] ValueError: Failed to "
+        "find a kernel that can implement the WNA16 linear layer. Reasons: \n"
+        "(Worker pid=7) ERROR 12-02 18:04:26 [multiproc_executor.py:953]  CPUWNA16LinearKernel "
+        "cannot implement due to: Input size (5456) not supported by CPUWNA16\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    assert peer_failure(log) == ("ValueError: Failed to find a kernel that can implement the "
+                                 "WNA16 linear layer. Reasons: CPUWNA16LinearKernel cannot "
+                                 "implement due to: Input size (5456) not supported by CPUWNA16")
+    log.write_text("nothing to see\n")
+    assert peer_failure(log) == f"see {log}"

@@ -177,6 +177,7 @@ class Scheduler:
             return None
         blocks.count_lookup(seq, seq.num_computed_tokens)
         blocks.allocate(seq, n, computed)
+        seq.num_named_tokens = seq.num_computed_tokens  # named where they were found
         if part:
             seq.kv_copy = (part[0], seq.block_table[len(computed)], part[1])
             self._copying.append(seq)

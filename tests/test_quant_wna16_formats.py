@@ -224,3 +224,54 @@ def test_greedy_equals_fake_quant_reference(float_ckpt, tmp_path, case):
     ours = engine_greedy(tmp_path / case, prompts, 12)
     assert ours == fake_quant_greedy(float_ckpt, fake, prompts, 12)
     assert ours != engine_greedy(float_ckpt, prompts, 12)  # quantization changed something
+
+
+# One engine in a process of its own (the driver rank pins its process, which must not be
+# pytest's): the greedy ids as JSON, or the error line.
+TP_SCRIPT = """
+import json, sys
+from engine import LLM, SamplingParams
+try:
+    llm = LLM(sys.argv[1], "float32", tensor_parallel_size=int(sys.argv[2]), block_size=32,
+              num_kv_blocks=64)
+    outs = llm.generate(prompt_token_ids=json.loads(sys.argv[3]), sampling_params=SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True))
+except ValueError as exc:
+    print("ERROR", exc)
+else:
+    print(json.dumps([o.outputs[0].token_ids for o in outs]))
+"""
+
+
+def tp_greedy(path, tp: int, prompts) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "VLLM_CPU_OMP_THREADS_BIND": "0|1" if tp == 2 else "0"}
+    out = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(path), str(tp),
+                          json.dumps(prompts)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["gptq-4-sym", "awq-4-nozero", "ct-8-channel"])
+def test_tp2_greedy_equals_one_rank(float_ckpt, tmp_path, case):
+    """Each rank keeps its rows (q/k/v, gate/up) or its columns and their
+    groups (o_proj, down_proj) of the layers it read whole."""
+    write(float_ckpt, tmp_path / case, *CASES[case])
+    prompts = [*PROMPTS, LONG]
+    one = tp_greedy(tmp_path / case, 1, prompts)
+    assert json.loads(one)[0]
+    assert tp_greedy(tmp_path / case, 2, prompts) == one
+
+
+@pytest.mark.slow
+def test_tp2_refuses_act_order_groups_split_over_ranks(float_ckpt, tmp_path):
+    write(float_ckpt, tmp_path / "desc", *CASES["gptq-4-asym-desc"])
+    line = tp_greedy(tmp_path / "desc", 2, PROMPTS)
+    assert line.startswith("ERROR") and "act-order" in line and "tensor_parallel_size 1" in line

@@ -74,11 +74,6 @@ def apply(model: nn.Module, path: Path) -> set[str]:
 
 
 def _load_wna16(model: nn.Module, path: Path, config, layers: list) -> set[str]:
-    from engine.distributed.parallel_state import tp_size
-
-    if tp_size() > 1:
-        raise ValueError(f"{path}: weight-only quantized checkpoints run with "
-                         "tensor_parallel_size 1 for now")
-    read = wna16_formats.load(path, config, layers)
+    read = wna16_formats.load(path, config, layers, model.config)
     # the engine's loader reads the rest: neither these layers' .weight nor their tensors
     return {f"{n}.weight" for _, names, _ in layers for n in names} | set(read)

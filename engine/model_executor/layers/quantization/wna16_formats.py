@@ -15,12 +15,21 @@ group of each input channel) and packed for the kernel at load:
 
 An input-channel order other than k // group_size (act-order) becomes a
 permutation the layer applies to its input, the weight's columns sorted by
-group. The engine's loader then skips these tensors (skipped_checkpoint_keys)."""
+group. The engine's loader then skips these tensors (skipped_checkpoint_keys).
+
+With tensor parallel each rank reads a layer whole and keeps its slice
+(engine.model_executor.layers.parallel.checkpoint_slice, as for float
+weights): output rows of the column-parallel layers; input columns, and the
+groups they hold, of the row-parallel ones (o_proj, down_proj), which must
+split between groups (act-order: each rank's channels whole groups)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from engine.distributed.parallel_state import tp_size
+from engine.model_executor.layers.parallel import checkpoint_slice
 
 #: AWQ's GEMM packing: value i of an int32 is column AWQ_ORDER[i] of its 8
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -155,14 +164,48 @@ def _input_order(name: str, g_idx: torch.Tensor | None, k: int, group: int):
     return torch.sort(g_idx, stable=True).indices
 
 
-def load(path: Path, config, layers: list) -> set[str]:
+def _rank_part(name: str, part: dict, sl: tuple[int, int, int] | None) -> dict:
+    """This rank's slice (checkpoint_slice's (dim, start, end)) of a layer read whole."""
+    if sl is None:
+        return part
+    dim, start, end = sl
+    q, scales, zeros, g_idx, group = (part[x] for x in ("q", "scales", "zeros", "g_idx", "group"))
+    if dim == 0:
+        return {**part, "q": q[start:end], "scales": scales[start:end], "zeros": zeros[start:end]}
+    k = q.shape[1]
+    if group >= k:  # per channel: every rank keeps the one group
+        return {**part, "q": q[:, start:end], "group": end - start, "g_idx": None}
+    ordered = g_idx is None or torch.equal(g_idx.long().reshape(-1), torch.arange(k) // group)
+    if ordered:
+        if start % group:
+            raise ValueError(f"{name}: {end - start} input channels a rank split its groups of "
+                             f"{group}; run with a tensor_parallel_size that divides them")
+        keep = torch.arange(start // group, -(-end // group))
+        local_idx = None
+    else:  # act-order: the groups of this rank's channels, each whole, renumbered
+        mine = g_idx.long().reshape(-1)[start:end]
+        keep = mine.unique()
+        if not torch.equal(torch.bincount(mine, minlength=scales.shape[1])[keep],
+                           torch.bincount(g_idx.long().reshape(-1))[keep]):
+            raise ValueError(f"{name}: act-order (g_idx) puts a group's input channels on "
+                             "several tensor parallel ranks; run it with tensor_parallel_size 1")
+        local_idx = torch.searchsorted(keep, mine)
+    return {**part, "q": q[:, start:end], "scales": scales[:, keep], "zeros": zeros[:, keep],
+            "g_idx": local_idx}
+
+
+def load(path: Path, config, layers: list, model_config) -> set[str]:
     """Read, repack and set the weights of `layers` ((module, checkpoint names
-    of its fused parts, WNA16 method) each) with config.read_layer; returns the
-    checkpoint keys read, for the engine's loader to skip."""
+    of its fused parts, WNA16 method) each) with config.read_layer, each rank
+    its slice; returns the checkpoint keys read, for the engine's loader to skip."""
     r = Reader(path)
     for module, names, method in layers:
         k = module.in_features
-        parts = [config.read_layer(r, n, method, k) for n in names]
+        parts = []
+        for n in names:
+            sl = checkpoint_slice(model_config, f"{n}.weight")
+            full_k = k * tp_size() if sl is not None and sl[0] == 1 else k
+            parts.append(_rank_part(n, config.read_layer(r, n, method, full_k), sl))
         first = parts[0]
         orders = {None if p["g_idx"] is None else tuple(p["g_idx"].tolist()) for p in parts}
         if len(orders) > 1:

@@ -84,7 +84,8 @@ TORCH_LIBRARY_IMPL(_C, CUDA, m) { ENGINE_REGISTER_OPS(cuda) }
 #include "cpu/wna16_ops.h"
 // CPU only: weight-only quantized linear layers (W4A16, W8A16), weight packed by
 // engine.model_executor.layers.quantization.wna16.pack_wna16: wna16_linear for
-// few rows, wna16_dequant ([K, N], the panel a large-M GEMM multiplies).
+// few rows, wna16_dequant ([K, N], the panel a large-M GEMM multiplies) and
+// wna16_dequant_panels (the weight in the panel kernel's layout, for ours).
 TORCH_LIBRARY_FRAGMENT(_C, m) {
   m.def("cpu_has_wna16_linear", &engine::cpu::has_wna16_linear);
   m.def(
@@ -93,9 +94,13 @@ TORCH_LIBRARY_FRAGMENT(_C, m) {
   m.def(
       "wna16_dequant(Tensor! out, Tensor packed_weight, Tensor scales, Tensor zeros, int bits, "
       "int group_size) -> ()");
+  m.def(
+      "wna16_dequant_panels(Tensor! out, Tensor packed_weight, Tensor scales, Tensor zeros, "
+      "int bits, int group_size, int n, int k) -> ()");
 }
 TORCH_LIBRARY_IMPL(_C, CPU, m) {
   m.impl("wna16_linear", &engine::cpu::wna16_linear);
   m.impl("wna16_dequant", &engine::cpu::wna16_dequant);
+  m.impl("wna16_dequant_panels", &engine::cpu::wna16_dequant_panels);
 }
 #endif

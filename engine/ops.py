@@ -153,6 +153,15 @@ def wna16_dequant(out: torch.Tensor, packed_weight: torch.Tensor, scales: torch.
     fn(out, packed_weight, scales, zeros, bits, group_size)
 
 
+def wna16_dequant_panels(out: torch.Tensor, packed_weight: torch.Tensor, scales: torch.Tensor,
+                         zeros: torch.Tensor, bits: int, group_size: int, n: int, k: int) -> None:
+    """out = the [n, k] weight of a wna16_linear layer in the panel layout
+    linear() multiplies: [ceil(n/16), k, 16], or [ceil(n/16), ceil(k/2), 32] in k
+    pairs (bfloat16, panel_k_pack 2); rounded once to out's dtype."""
+    fn = torch.ops._C.wna16_dequant_panels if has_wna16_linear() else reference.wna16_dequant_panels
+    fn(out, packed_weight, scales, zeros, bits, group_size, n, k)
+
+
 def has_wna16_linear() -> bool:
     """Whether the CPU code path in use has the wna16 kernels (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_wna16_linear())

@@ -240,3 +240,15 @@ def wna16_dequant(out: torch.Tensor, packed_weight: torch.Tensor, scales: torch.
     """out [K, N] = the unpacked weight, transposed, rounded once to out's dtype."""
     k, n = out.shape
     out.copy_(unpack_wna16(packed_weight, scales, zeros, bits, group_size, n, k).T)
+
+
+def wna16_dequant_panels(out: torch.Tensor, packed_weight: torch.Tensor, scales: torch.Tensor,
+                         zeros: torch.Tensor, bits: int, group_size: int, n: int, k: int) -> None:
+    """out = the unpacked weight [n, k] in the panel layout (pack_panels of
+    engine.model_executor.layers.linear; k_pack = out.shape[2] / 16), rounded once."""
+    panels, rows, width = out.shape
+    k_pack = width // PANEL
+    w = out.new_zeros(panels * PANEL, rows * k_pack)
+    w[:n, :k] = unpack_wna16(packed_weight, scales, zeros, bits, group_size, n, k)
+    out.view(panels, rows, PANEL, k_pack).copy_(
+        w.view(panels, PANEL, rows, k_pack).permute(0, 2, 1, 3))

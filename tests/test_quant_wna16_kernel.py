@@ -75,6 +75,26 @@ def test_wna16_dequant_is_the_reference_bit_for_bit(bits, dtype):
     assert torch.equal(ref, _dense(q, scales, zeros, group).T.to(dtype))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype,k_pack", [(torch.float32, 1), (torch.bfloat16, 1),
+                                          (torch.bfloat16, 2)])
+@pytest.mark.parametrize("n,k,group", [(37, 160, 32), (16, 72, 8), (20, 131, 131)])
+def test_wna16_dequant_panels_is_pack_panels_of_the_weight(bits, dtype, k_pack, n, k, group):
+    """Bit for bit the reference, which is pack_panels of the dense weight (odd k:
+    the last pair's second half zero)."""
+    from engine.model_executor.layers.linear import pack_panels
+
+    group = -(-group // (32 // bits)) * (32 // bits)
+    q, scales, zeros = _case(n, k, bits, group, seed=4)
+    packed, s, z = pack_wna16(q, scales, zeros, bits, group)
+    shape = (-(-n // 16), -(-k // k_pack), 16 * k_pack)
+    out, ref = torch.full(shape, float("nan"), dtype=dtype), torch.empty(shape, dtype=dtype)
+    ops.wna16_dequant_panels(out, packed, s, z, bits, group, n, k)
+    reference.wna16_dequant_panels(ref, packed, s, z, bits, group, n, k)
+    assert torch.equal(out, ref)
+    assert torch.equal(ref, pack_panels(_dense(q, scales, zeros, group).to(dtype), k_pack))
+
+
 def test_pack_wna16_round_trips():
     q, scales, zeros = _case(21, 72, 4, 32, seed=3)
     packed, s, z = pack_wna16(q, scales, zeros, 4, 32)
@@ -98,10 +118,12 @@ def test_pack_wna16_takes_uint8_values_whole(bits):
     assert packed[0, 0, 0].item() == -1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, LARGE_M])
-def test_layer_runs_the_kernel_and_the_large_m_panel_alike(rows):
-    """The method's two paths (kernel below LARGE_M rows, dequantised panel
-    and torch's GEMM from there) and the act-order input permutation."""
+def test_layer_runs_the_kernel_and_the_large_m_panel_alike(rows, dtype):
+    """The method's two paths (kernel below LARGE_M rows, the weight dequantised
+    into the panel kernel's layout and multiplied by it from there; AMX tiles
+    where they run) and the act-order input permutation."""
     from torch import nn
 
     n, k, group = 40, 128, 32
@@ -112,17 +134,19 @@ def test_layer_runs_the_kernel_and_the_large_m_panel_alike(rows):
     method.create_weights(layer)
     perm = torch.randperm(k, generator=torch.Generator().manual_seed(5))
     method.set_weights(layer, q, scales, zeros, perm, group)
-    x = torch.randn(rows, k)
-    want = x[:, perm] @ _dense(q, scales, zeros, group).T + layer.bias
-    torch.testing.assert_close(method.apply(layer, x), want, atol=1e-4, rtol=1e-4)
+    x = torch.randn(rows, k).to(dtype)
+    want = x[:, perm].float() @ _dense(q, scales, zeros, group).T + layer.bias
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
+    torch.testing.assert_close(method.apply(layer, x).float(), want, **tol)
 
 
 def test_large_m_layers_share_one_dequant_buffer():
-    a = dequant_buffer(64, 32, torch.float32)
-    b = dequant_buffer(16, 24, torch.float32)
+    a = dequant_buffer(64, 32, dtype=torch.float32)
+    b = dequant_buffer(16, 24, dtype=torch.float32)
     assert b.data_ptr() == a.data_ptr() and b.shape == (16, 24) and b.is_contiguous()
-    assert dequant_buffer(128, 32, torch.float32).shape == (128, 32)  # grown for a larger one
-    assert dequant_buffer(8, 8, torch.bfloat16).dtype == torch.bfloat16
+    assert dequant_buffer(128, 32, dtype=torch.float32).shape == (128, 32)  # grown
+    assert dequant_buffer(8, 8, dtype=torch.bfloat16).dtype == torch.bfloat16
+    assert dequant_buffer(2, 4, 32, dtype=torch.bfloat16).shape == (2, 4, 32)  # panels
 
 
 def test_wna16_linear_rejects_a_misshapen_weight():

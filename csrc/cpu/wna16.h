@@ -35,6 +35,12 @@ struct WNA16Table {
   bool (*linear_amx)(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
                      const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
                      int64_t group_size, int64_t ldx, int64_t ldo);
+  // the weight in the panel kernel's layout (linear_impl.h): k_pack 1,
+  // [ceil(N/16), K, 16]; k_pack 2 (bfloat16 only), [ceil(N/16), ceil(K/2), 16]
+  // k pairs; the B of a large-M GEMM by the engine's own panel kernel.
+  void (*dequant_panels)(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
+                         const float* scales, const uint8_t* zeros, int64_t N, int64_t K,
+                         int64_t group_size);
 };
 
 // Defined by wna16_impl.cpp for the x86 ISAs CMake compiles (ENGINE_HAS_*).

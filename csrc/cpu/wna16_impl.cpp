@@ -65,6 +65,15 @@ inline void store_bf16(uint16_t* p, VF v) {
   const VI r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
+// bfloat16 k pairs a 32-bit lane (lo: k, hi: k + 1), rounded to nearest even
+inline VI bf16_bits(VF v) {
+  const VI u = _mm512_castps_si512(v);
+  const VI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+}
+inline void store_pair(uint32_t* p, VF lo, VF hi) {
+  _mm512_storeu_si512(p, _mm512_or_si512(bf16_bits(lo), _mm512_slli_epi32(bf16_bits(hi), 16)));
+}
 constexpr int MR_MAX = 16;  // rows a tile: 16 accumulators (more with k sets) of 32 registers
 #else
 constexpr int W = 8;
@@ -97,6 +106,15 @@ inline void store_bf16(uint16_t* p, VF v) {
   const VI r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+inline VI bf16_bits(VF v) {
+  const VI u = _mm256_castps_si256(v);
+  const VI lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+}
+inline void store_pair(uint32_t* p, VF lo, VF hi) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm256_or_si256(bf16_bits(lo), _mm256_slli_epi32(bf16_bits(hi), 16)));
 }
 constexpr int MR_MAX = 4;  // 16 registers: 8 accumulators, the weight, zero points, mask
 #endif
@@ -290,6 +308,52 @@ void dequant_t(T* wt, const uint32_t* packed, const float* scales, const uint8_t
     }
 }
 
+// The weight in the panel kernel's layout (engine.model_executor.layers.linear.
+// pack_panels): k_pack 1, [panels, K, 16] of T; k_pack 2 (bfloat16), [panels,
+// ceil(K/2), 16] of k pairs. Columns past N are zero (so are their scales).
+template <int BITS, typename T>
+void dequant_panels_t(T* wp, int k_pack, const uint32_t* packed, const float* scales,
+                      const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
+  constexpr int PF = 32 / BITS;
+  const int64_t groups = (K + G - 1) / G, gsteps = G / PF, steps = groups * gsteps;
+  const int64_t panels = (N + NR - 1) / NR, rows = (K + k_pack - 1) / k_pack;
+  const int64_t ksteps = (K + PF - 1) / PF;
+  const VI mask = iset1((1 << BITS) - 1);
+#pragma omp parallel for collapse(2) schedule(static) if (N * K >= (int64_t{1} << 16))
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t s = 0; s < ksteps; ++s) {
+      const int64_t g = s / gsteps, k0 = s * PF;
+      for (int c = 0; c < CH; ++c) {
+        const VI v = iload(packed + (p * steps + s) * NR + c * W);
+        const VI z = izeros(zeros + (p * groups + g) * NR + c * W);
+        const VF sc = fload(scales + (p * groups + g) * NR + c * W);
+        if (k_pack == 2) {  // PF is even, so k0 + j is: whole pairs but at K's end
+          uint32_t* dst = reinterpret_cast<uint32_t*>(wp) + (p * rows + k0 / 2) * NR + c * W;
+          for (int j = 0; j < PF && k0 + j < K; j += 2, dst += NR)
+            store_pair(dst, fmul(decode(v, j * BITS, mask, z), sc),
+                       k0 + j + 1 < K ? fmul(decode(v, (j + 1) * BITS, mask, z), sc) : fzero());
+        } else {
+          for (int j = 0; j < PF && k0 + j < K; ++j)
+            store_row(wp + (p * K + k0 + j) * NR + c * W,
+                      fmul(decode(v, j * BITS, mask, z), sc), W);
+        }
+      }
+    }
+}
+
+void dequant_panels(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
+                    const float* scales, const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
+  if (dt == DType::kFloat32) {
+    auto* w = static_cast<float*>(wp);
+    if (bits == 4) dequant_panels_t<4>(w, 1, packed, scales, zeros, N, K, G);
+    else dequant_panels_t<8>(w, 1, packed, scales, zeros, N, K, G);
+  } else {
+    auto* w = static_cast<uint16_t*>(wp);
+    if (bits == 4) dequant_panels_t<4>(w, k_pack, packed, scales, zeros, N, K, G);
+    else dequant_panels_t<8>(w, k_pack, packed, scales, zeros, N, K, G);
+  }
+}
+
 void linear(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
             const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
             int64_t G, int64_t ldx, int64_t ldo) {
@@ -437,7 +501,8 @@ bool linear_amx(DType dt, int bits, void* out, const void* x, const uint32_t* pa
 #define ENGINE_WNA16_AMX nullptr
 #endif
 
-const WNA16Table table = {ENGINE_STR(ENGINE_ISA), linear, dequant, ENGINE_WNA16_AMX};
+const WNA16Table table = {ENGINE_STR(ENGINE_ISA), linear, dequant, ENGINE_WNA16_AMX,
+                         dequant_panels};
 
 }  // namespace
 

@@ -119,5 +119,28 @@ void wna16_dequant(at::Tensor& out, const at::Tensor& packed_weight, const at::T
             scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), N, K, group_size);
 }
 
+void wna16_dequant_panels(at::Tensor& out, const at::Tensor& packed_weight,
+                          const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
+                          int64_t group_size, int64_t n, int64_t k) {
+  const char* op = "wna16_dequant_panels";
+  using engine_cpu::kPanel;
+  auto dt = checks::dtype_of(out, at::kCPU, op, "out");
+  TORCH_CHECK_VALUE(out.dim() == 3 && out.is_contiguous() && n > 0 && k > 0, op,
+                    ": out must be contiguous [ceil(n/16), rows, 16 * k_pack], got shape ",
+                    out.sizes());
+  const int64_t k_pack = out.size(2) / kPanel;
+  TORCH_CHECK_VALUE((k_pack == 1 || (k_pack == 2 && dt == at::kBFloat16)) &&
+                        out.size(2) == k_pack * kPanel && out.size(0) == (n + kPanel - 1) / kPanel &&
+                        out.size(1) == (k + k_pack - 1) / k_pack,
+                    op, ": out must be [", (n + kPanel - 1) / kPanel, ", ceil(", k,
+                    " / k_pack), 16 * k_pack] (k_pack 2: bfloat16 only), got ", out.sizes());
+  check_packed(op, packed_weight, scales, zeros, bits, group_size, n, k);
+  const auto& t = table_or_fail(op);
+  t.dequant_panels(kdt(dt), static_cast<int>(bits), static_cast<int>(k_pack), out.data_ptr(),
+                   reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+                   scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), n, k,
+                   group_size);
+}
+
 }  // namespace cpu
 }  // namespace engine

@@ -13,5 +13,8 @@ void wna16_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pa
                   int64_t group_size);
 void wna16_dequant(at::Tensor& out, const at::Tensor& packed_weight, const at::Tensor& scales,
                    const at::Tensor& zeros, int64_t bits, int64_t group_size);
+void wna16_dequant_panels(at::Tensor& out, const at::Tensor& packed_weight,
+                          const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
+                          int64_t group_size, int64_t n, int64_t k);
 }  // namespace cpu
 }  // namespace engine

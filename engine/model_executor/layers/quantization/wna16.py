@@ -5,9 +5,15 @@ comes to one form, q [N, K] unsigned, zeros and scales [N, groups], and an
 optional input permutation (GPTQ's act-order), packed once for the kernels
 (engine.ops.wna16_linear, csrc/cpu/wna16.h). Few rows run the kernel, which
 reads the packed weight once a step; from LARGE_M rows (prefill) the weight
-is dequantised to a [K, N] panel and torch's GEMM multiplies it."""
+is dequantised once a call into the layout of the engine's panel GEMM
+(engine.ops.linear), which multiplies it, or where there is none to a [K, N]
+matrix for torch's. (torch.mm on a plain [K, N] bfloat16 matrix reorders it
+for oneDNN every call: the large Llama's W4A16 prefill ran at 0.89x its
+bfloat16 one on a 2-core Zen 4; the panels' own layout costs no reorder.)
+CPUs with AMX run bfloat16 tiles instead up to AMX_MAX_M rows."""
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -30,16 +36,17 @@ AMX_MAX_M = 4096
 _panel = threading.local()  # the dequantised weight's buffer, this thread's
 
 
-def dequant_buffer(k: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """A [k, n] view of the buffer large-M calls dequantise into: one a thread,
-    grown to the largest layer and reused by every layer and call. (A fresh
-    one a call is fresh pages a call: the large Llama's gate/up layer at 1000
-    rows took 148 ms instead of 128.)"""
+def dequant_buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    """A view of `shape` of the buffer large-M calls dequantise into: one a
+    thread, grown to the largest layer and reused by every layer and call. (A
+    fresh one a call is fresh pages a call: the large Llama's gate/up layer at
+    1000 rows took 148 ms instead of 128.)"""
+    size = math.prod(shape)
     buf = getattr(_panel, "buf", None)
-    if buf is None or buf.dtype != dtype or buf.numel() < k * n:
+    if buf is None or buf.dtype != dtype or buf.numel() < size:
         _panel.buf = None  # the old one freed first
-        buf = _panel.buf = cpu_hugepages.empty((k * n,), dtype)
-    return buf[:k * n].view(k, n)
+        buf = _panel.buf = cpu_hugepages.empty((size,), dtype)
+    return buf[:size].view(*shape)
 
 
 def pack_wna16(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
@@ -116,13 +123,22 @@ class WNA16:
         elif x2.stride(-1) != 1:
             x2 = x2.contiguous()
         packed, scales, zeros = layer.wna16
+        k, n = layer.in_features, layer.out_features
         if x2.shape[0] >= LARGE_M and not self._amx_runs(layer, x2):
-            wt = dequant_buffer(layer.in_features, layer.out_features, x2.dtype)
-            ops.wna16_dequant(wt, packed, scales, zeros, self.bits, layer.wna16_group)
-            out = torch.mm(x2, wt)
+            if ops.has_panel_linear():  # the engine's panel GEMM
+                kp = ops.panel_k_pack(x2.dtype)
+                wp = dequant_buffer(-(-n // PANEL), -(-k // kp), PANEL * kp, dtype=x2.dtype)
+                ops.wna16_dequant_panels(wp, packed, scales, zeros, self.bits,
+                                         layer.wna16_group, n, k)
+                out = x2.new_empty(x2.shape[0], n)
+                ops.linear(out, x2, wp, None)
+            else:
+                wt = dequant_buffer(k, n, dtype=x2.dtype)
+                ops.wna16_dequant(wt, packed, scales, zeros, self.bits, layer.wna16_group)
+                out = torch.mm(x2, wt)
         else:
-            out = x2.new_empty(x2.shape[0], layer.out_features)
+            out = x2.new_empty(x2.shape[0], n)
             ops.wna16_linear(out, x2, packed, scales, zeros, self.bits, layer.wna16_group)
         if layer.bias is not None:
             out += layer.bias
-        return out.view(*x.shape[:-1], layer.out_features)
+        return out.view(*x.shape[:-1], n)

@@ -329,6 +329,7 @@ LINEAR_LAYOUTS = [pytest.param(torch.float32, 1, id="float32-k-major"),
     (16, 512, 96, False),    # the largest decode tile
     (17, 33, 100, True),     # the first prefill-shaped call, odd K
     (40, 256, 48, False),    # an odd number of panels: the lone-panel tile
+    (600, 2048, 40, True),   # rows of x in several cache blocks (kBlockBytes), a ragged last
 ])
 def test_linear(isa, dtype, m, k, n, bias, k_pack):
     if isa == "none" or not ops.has_panel_linear():

@@ -17,7 +17,7 @@ OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.
 DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention", "fused_moe",
-                           "wna16_linear", "wna16_dequant")}
+                           "wna16_linear", "wna16_dequant", "wna16_dequant_panels")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 

@@ -20,7 +20,10 @@ def peer_env(threads: str = "0-1", kv_gib: str = "1") -> dict[str, str]:
     n = int(cpus[-1]) - int(cpus[0]) + 1 if len(cpus) == 2 else len(threads.split(","))
     return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": kv_gib, "VLLM_CPU_OMP_THREADS_BIND": threads,
             "OMP_NUM_THREADS": str(n), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            # vLLM logs to stdout by default: to stderr, the log file, so that a child's
+            # stdout holds only its answers and a failure's root cause is in its log
+            "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
 
 
 # The library upstream's import_kernels (vllm/platforms/cpu.py) loads for each of

@@ -18,8 +18,8 @@ and a sequence whose next tokens match such a part gets a fresh block into
 which the model runner copies those K/V rows (StepInputs.kv_copies) before
 it computes the rest; a freed block with such a name stays in the LRU list.
 Without it a 128-token block recomputes up to 127 shared tokens a prompt (a
-1501-token system prompt: 93 of its tokens recomputed a prompt instead of 13); upstream matches whole
-blocks only. The copy's source is pinned until its step has run.
+1501-token system prompt: 93 of its tokens recomputed instead of 13); upstream
+matches whole blocks only. The copy's source is pinned until its step has run.
 
 Those uncached free blocks are a stack: the block freed last is handed out
 first. The cache is committed lazily (its pages are touched as blocks fill),

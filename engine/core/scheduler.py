@@ -8,9 +8,9 @@ long prompt is prefilled over several steps while the others decode. Without
 it, waiting prompts run whole, alone, before any decode (the old engine).
 
 A waiting sequence starts past the longest prefix of its tokens whose KV
-blocks are cached (prefix caching), and past the part of the next block a
-cached block shares with it (copied in by the step that admits it). It is admitted only if it leaves a
-reserve of free blocks: those the running sequences need for their next
+blocks are cached (prefix caching), and past the part of the next block that
+a cached block shares with it (copied in by the step that admits it). It is
+admitted only if it leaves a reserve of free blocks: those the running sequences need for their next
 token, plus a watermark of 1% of the cache (upstream V0's), so a new prompt
 does not take the block an older sequence needs next and get preempted at
 the following step; a prompt alone in the engine takes what it needs. When
@@ -44,7 +44,7 @@ class Scheduler:
         # holds, so many clients' first tokens never queue behind each other's
         # decodes; longer prompts share one such chunk a step, oldest first.
         self.prompt_tokens_cap: int | None = None
-        self._copying: list[Sequence] = []  # admitted last step with a partial-block copy
+        self._copying: list[Sequence] = []  # admitted this step with a partial-block copy
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)

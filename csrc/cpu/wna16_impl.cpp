@@ -289,74 +289,52 @@ PairsFn<BITS> pairs_fn(int mr) {
   }
 }
 
+// x for wna16_tile_pairs: bfloat16 (k, k + 1) pairs, each pre-scaled.
 template <int BITS>
-void linear_pairs_t(uint16_t* out, const uint16_t* x, const uint32_t* packed,
-                    const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
-                    int64_t G, int64_t ldx, int64_t ldo) {
-  constexpr int PF = 32 / BITS;
-  const int64_t groups = (K + G - 1) / G, gsteps = G / PF, steps = groups * gsteps;
-  const int64_t Kp = steps * PF, Kh = Kp / 2;
-  const int64_t panels = (N + NR - 1) / NR, tiles = (M + MR_MAX - 1) / MR_MAX;
-  float pre[PF];
-  for (int j = 0; j < PF; ++j) pre[j] = 1.f / static_cast<float>(1 << (BITS * (j % (PF / 2))));
-  uint32_t* a = static_cast<uint32_t*>(aligned_alloc(64, ((M * Kh * 4 + 63) / 64) * 64));
-  const bool threads = M * N * K >= (int64_t{1} << 18);
-#pragma omp parallel if (threads)
-  {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m0 = t * MR_MAX;
-      const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-      uint32_t* at = a + m0 * Kh;
-      for (int r = 0; r < mr; ++r) {
-        const uint16_t* xr = x + (m0 + r) * ldx;
-        for (int64_t h = 0; h < Kh; ++h) {
-          uint32_t pair = 0;
-          for (int e = 0; e < 2; ++e) {  // x * 2^-n: exact, so its top half is bfloat16
-            const int64_t k = 2 * h + e;
-            const float v = k < K ? bf16_to_float(xr[k]) * pre[k % PF] : 0.f;
-            uint32_t bits;
-            memcpy(&bits, &v, 4);
-            pair |= (bits >> 16) << (16 * e);
-          }
-          at[h * mr + r] = pair;
-        }
-      }
+struct PairA {
+  using A = uint32_t;
+  static constexpr int KP = 2;  // k an element
+  static A stage(const uint16_t* xr, int64_t h, int64_t K, const float* pre) {
+    uint32_t pair = 0;
+    for (int e = 0; e < 2; ++e) {  // x * 2^-n: exact, so its top half is bfloat16
+      const int64_t k = 2 * h + e;
+      const float v = k < K ? bf16_to_float(xr[k]) * pre[k % (32 / BITS)] : 0.f;
+      uint32_t bits;
+      memcpy(&bits, &v, 4);
+      pair |= (bits >> 16) << (16 * e);
     }
-    alignas(64) float tile[MR_MAX * NR];
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int64_t n0 = p * NR, cols = N - n0 < NR ? N - n0 : NR;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t m0 = t * MR_MAX;
-        const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-        memset(tile, 0, sizeof(tile));
-        pairs_fn<BITS>(mr)(a + m0 * Kh, packed + p * steps * NR, scales + p * groups * NR,
-                           zeros + p * groups * NR, groups, gsteps, tile);
-        for (int r = 0; r < mr; ++r) {
-          uint16_t* o = out + (m0 + r) * ldo + n0;
-          for (int64_t c = 0; c < cols; ++c) o[c] = float_to_bf16(tile[r * NR + c]);
-        }
-      }
-    }
+    return pair;
   }
-  free(a);
-}
+  static PairsFn<BITS> tile(int mr) { return pairs_fn<BITS>(mr); }
+};
 #endif
 
+// x for wna16_tile: floats, pre-scaled.
 template <int BITS, typename T>
+struct FloatA {
+  using A = float;
+  static constexpr int KP = 1;
+  static A stage(const T* xr, int64_t k, int64_t K, const float* pre) {
+    return k < K ? Elem<T>::load(xr[k]) * pre[k % (32 / BITS)] : 0.f;
+  }
+  static TileFn<BITS> tile(int mr) { return tile_fn<BITS>(mr); }
+};
+
+// S: how x is staged for the tile kernel (FloatA, or PairA's k pairs).
+template <int BITS, typename T, typename S>
 void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
               const uint8_t* zeros, int64_t M, int64_t N, int64_t K, int64_t G, int64_t ldx,
               int64_t ldo) {
+  using A = typename S::A;
   constexpr int PF = 32 / BITS;
   const int64_t groups = (K + G - 1) / G, gsteps = G / PF, steps = groups * gsteps;
-  const int64_t Kp = steps * PF;  // k padded to whole groups
+  const int64_t Ks = steps * PF / S::KP;  // elements of a row: k padded to whole groups
   const int64_t panels = (N + NR - 1) / NR, tiles = (M + MR_MAX - 1) / MR_MAX;
-  // x as floats, k-major per tile of MR_MAX rows ([Kp][mr]), zero past K,
-  // pre-scaled as wna16_tile reads them
+  // x k-major per tile of MR_MAX rows ([Ks][mr]), zero past K, pre-scaled as the
+  // tile kernels read it
   float pre[PF];
   for (int j = 0; j < PF; ++j) pre[j] = 1.f / static_cast<float>(1 << (BITS * (j % (PF / 2))));
-  float* a = static_cast<float*>(aligned_alloc(64, ((M * Kp * 4 + 63) / 64) * 64));
+  A* a = static_cast<A*>(aligned_alloc(64, ((M * Ks * sizeof(A) + 63) / 64) * 64));
   const bool threads = M * N * K >= (int64_t{1} << 18);
 #pragma omp parallel if (threads)
   {
@@ -364,11 +342,10 @@ void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t m0 = t * MR_MAX;
       const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-      float* at = a + m0 * Kp;
+      A* at = a + m0 * Ks;
       for (int r = 0; r < mr; ++r) {
         const T* xr = x + (m0 + r) * ldx;
-        for (int64_t k = 0; k < K; ++k) at[k * mr + r] = Elem<T>::load(xr[k]) * pre[k % PF];
-        for (int64_t k = K; k < Kp; ++k) at[k * mr + r] = 0.f;
+        for (int64_t h = 0; h < Ks; ++h) at[h * mr + r] = S::stage(xr, h, K, pre);
       }
     }
     alignas(64) float tile[MR_MAX * NR];
@@ -379,8 +356,8 @@ void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
         const int64_t m0 = t * MR_MAX;
         const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
         memset(tile, 0, sizeof(tile));
-        tile_fn<BITS>(mr)(a + m0 * Kp, packed + p * steps * NR, scales + p * groups * NR,
-                          zeros + p * groups * NR, groups, gsteps, tile);
+        S::tile(mr)(a + m0 * Ks, packed + p * steps * NR, scales + p * groups * NR,
+                    zeros + p * groups * NR, groups, gsteps, tile);
         for (int r = 0; r < mr; ++r) {
           T* o = out + (m0 + r) * ldo + n0;
           for (int64_t c = 0; c < cols; ++c) o[c] = Elem<T>::store(tile[r * NR + c]);
@@ -487,20 +464,26 @@ void linear(DType dt, int bits, void* out, const void* x, const uint32_t* packed
   if (dt == DType::kFloat32) {
     auto* o = static_cast<float*>(out);
     auto* xi = static_cast<const float*>(x);
-    if (bits == 4) linear_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-    else linear_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    if (bits == 4) linear_t<4, float, FloatA<4, float>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    else linear_t<8, float, FloatA<8, float>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
   } else {
     auto* o = static_cast<uint16_t*>(out);
     auto* xi = static_cast<const uint16_t*>(x);
 #ifdef __AVX512BF16__
     if (M >= PAIRS_MIN_M) {
-      if (bits == 4) linear_pairs_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-      else linear_pairs_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+      if (bits == 4) linear_t<4, uint16_t, PairA<4>>(
+          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+      else linear_t<8, uint16_t, PairA<8>>(
+          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
       return;
     }
 #endif
-    if (bits == 4) linear_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-    else linear_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    if (bits == 4) linear_t<4, uint16_t, FloatA<4, uint16_t>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    else linear_t<8, uint16_t, FloatA<8, uint16_t>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
   }
 }
 

@@ -112,7 +112,7 @@ class WNA16:
     @staticmethod
     def _amx_runs(layer: nn.Module, x2: torch.Tensor) -> bool:
         """AMX tiles (wna16_linear from 16 rows; bfloat16, groups of 32s) beat the
-        [K, N] panel up to AMX_MAX_M rows."""
+        dequantised weight and a GEMM up to AMX_MAX_M rows."""
         return (x2.shape[0] < AMX_MAX_M and x2.dtype == torch.bfloat16
                 and layer.wna16_group % 32 == 0 and ops.amx_in_use())
 

@@ -175,8 +175,7 @@ def _rank_part(name: str, part: dict, sl: tuple[int, int, int] | None) -> dict:
     k = q.shape[1]
     if group >= k:  # per channel: every rank keeps the one group
         return {**part, "q": q[:, start:end], "group": end - start, "g_idx": None}
-    ordered = g_idx is None or torch.equal(g_idx.long().reshape(-1), torch.arange(k) // group)
-    if ordered:
+    if _input_order(name, g_idx, k, group) is None:  # channel k in group k // group
         if start % group:
             raise ValueError(f"{name}: {end - start} input channels a rank split its groups of "
                              f"{group}; run with a tensor_parallel_size that divides them")

@@ -93,8 +93,6 @@ def bench(args) -> int:
 
 
 def _serve_parser(sub) -> None:
-    from engine.entrypoints.openai import stream_pacer  # no imports of its own: --help stays fast
-
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     s.add_argument("model", help="a checkpoint folder or a Hugging Face id (org/name)")
     s.add_argument("--host", default="127.0.0.1",
@@ -115,10 +113,9 @@ def _serve_parser(sub) -> None:
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $VLLM_API_KEY)")
     s.add_argument("--stream-interval", default="auto", metavar="N|auto",
-                   help="hand streamed tokens over every N engine steps (1: every token, "
-                   "upstream's default); auto (default): every step while that costs under "
-                   f"{stream_pacer.BUDGET * 100:.0f}%% of the engine's time, else up to "
-                   f"{stream_pacer.MAX_STEPS} steps merged into one event")
+                   help="stream every N tokens as one event (1: every token, upstream's "
+                   "default); auto (default): every token the engine sends, and a client "
+                   "that fell behind gets what came meanwhile as one event")
     s.add_argument("--max-waiting-queue-length", type=_positive, default=1024, metavar="N",
                    help="sequences (n x prompts per request) that may wait to run; a request "
                    "past it is answered 503 with Retry-After (default 1024)")

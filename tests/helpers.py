@@ -283,27 +283,42 @@ def make_checkpoint(folder: Path, model_type: str = "llama", *, seed: int = 0, h
 
 
 def app_in_process(model: Path, max_waiting: int | None = None, **engine_args):
-    """(the server's FastAPI app, its AsyncLLM) over an engine in this
-    process, float32; run llm.run() in the loop that serves the app
-    (httpx's ASGITransport) for requests to be answered."""
+    """(the server's FastAPI app, its AsyncLLM) over an engine core built in
+    this process and stepped by a thread of its own behind the same ZMQ
+    sockets as the server's core process (llm.core reaches into it); run
+    llm.run() in the loop that serves the app (httpx's ASGITransport) for
+    requests to be answered, llm.shutdown() to stop both."""
     import time
 
-    from engine.core.async_llm import AsyncLLM
-    from engine.core.engine_core import EngineCore
+    llm = async_llm_in_process(model, max_waiting, **engine_args)
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
+
+    state = ServerState(llm=llm, model_names=["tiny"], model_dir=Path(model), metrics=llm.stats,
+                        api_key=None, chat_template=chat_utils.load_template(Path(model), None),
+                        special_tokens=chat_utils.special_tokens(Path(model)),
+                        max_model_len=llm.max_model_len, created=int(time.time()))
+    return build_app(state), llm
+
+
+def async_llm_in_process(model: Path, max_waiting: int | None = None, core=None, **engine_args):
+    """An AsyncLLM (with the server's metrics) over an EngineCore in this
+    process, stepped by a thread (engine.core.core_client.core_in_thread)."""
+    from engine.core.async_llm import AsyncLLM
+    from engine.core.core_client import AsyncMPClient, core_in_thread
+    from engine.core.engine_core import EngineCore, load_tokenizer
     from engine.entrypoints.openai.metrics import Metrics
 
     engine_args = {"block_size": 32, "num_kv_blocks": 32, "max_model_len": 256,
                    "bind_threads": False, **engine_args}
-    core = EngineCore(model, "float32", **engine_args)
-    metrics = Metrics("tiny")
-    llm = AsyncLLM(core, metrics, max_waiting=max_waiting)
-    state = ServerState(llm=llm, model_names=["tiny"], model_dir=Path(model), metrics=metrics,
-                        api_key=None, chat_template=chat_utils.load_template(core.path, None),
-                        special_tokens=chat_utils.special_tokens(core.path),
-                        max_model_len=core.max_model_len, created=int(time.time()))
-    return build_app(state), llm
+    if core is None:
+        core = EngineCore(model, "float32", **engine_args)
+    client = AsyncMPClient(core_in_thread(core))
+    ready = client.wait_ready()
+    llm = AsyncLLM(client, ready, core.config, load_tokenizer(core.path), Metrics("tiny"),
+                   max_waiting=max_waiting)
+    llm.core = core
+    return llm
 
 
 def http_status(url: str) -> int:

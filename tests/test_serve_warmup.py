@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def test_warm_up_prefills_and_decodes_then_leaves_the_engine_empty(tmp_path):
     from engine.core.engine_core import EngineCore
-    from engine.entrypoints.openai.serve import warm_up
+    from engine.core.engine_core_proc import warm_up
     from engine.tiny_model import make_tiny_model
 
     core = EngineCore(make_tiny_model(tmp_path / "tiny"), "float32", block_size=32,

@@ -1,65 +1,29 @@
-"""The server's front to the engine core, like upstream's AsyncLLM: asyncio
-callers add requests at any time and read each request's tokens as they come.
-A caller that stops reading (a client that went away) aborts its request,
-which frees its KV blocks at once.
+"""The API server's engine client (upstream V1's AsyncLLM): it tokenizes
+and checks prompts, sends them to the engine core process, and turns the
+core's outputs into each request's updates, text included, for the request
+handlers that await them. The core steps in its own process, so nothing here
+waits for a step: the event loop only ever waits for its sockets.
 
-The core steps inside the event loop that serves the requests (`run()`), not
-in a thread of its own: see run() for why."""
+A caller that stops reading (a client that went away) aborts its request,
+which frees its KV blocks in the core at once."""
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
-import time
-from dataclasses import dataclass
 from typing import AsyncIterator
 
-from engine.core.chunk_sizer import PromptChunkSizer
-from engine.core.engine_core import EngineCore
-from engine.core.sequence import Sequence
-from engine.distributed.parallel_state import RankDiedError
-from engine.entrypoints.openai.stream_pacer import StreamPacer
+from engine.core.core_client import AsyncMPClient, CoreProcess
+from engine.core.input_processor import InputProcessor
+from engine.core.messages import EngineCoreOutputs, EngineCoreReady, SchedulerStats
+from engine.core.output_processor import (EngineDeadError, OutputProcessor, RequestFailedError,
+                                          RequestState, RequestUpdate, merged)
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("engine")
 
-
-@dataclass
-class RequestUpdate:
-    """Tokens a request gained since its previous update."""
-
-    new_token_ids: list[int]
-    finish_reason: str | None = None  # set on the last update
-    text: str | None = None  # the whole output's text, on the last update
-    logprobs: list | None = None  # the new tokens' (logprob, top) when the request asks
-    stop_reason: str | int | None = None  # the stop string or token id that ended it
-
-
-@dataclass
-class _Stream:
-    queue: asyncio.Queue
-    seq: Sequence
-    arrival: float
-    first_token: float | None = None
-    last_token: float | None = None
-
-
-HEALTH_POLL_S = 1.0  # how often an idle engine checks its ranks
-# After a step this long (a prompt's chunk), the loop gets a few turns before the
-# next one: a new HTTP request takes several (accept, read, the server's and the
-# app's tasks, write), and one turn a step would make a /health probe wait
-# several steps (long-prompt workload, worst /health during a 3000-token
-# prefill: 0.30x of it with 4 turns, 0.19x with 12; a turn costs ~15 us).
-LONG_STEP_S = 0.02
-HTTP_TURNS = 12
-
-
-class EngineDeadError(RuntimeError):
-    pass
-
-
-class RequestFailedError(RuntimeError):
-    """A step that ran this request raised: the request ends, the engine goes on."""
+__all__ = ["AsyncLLM", "EngineDeadError", "QueueFullError", "RequestFailedError",
+           "RequestUpdate"]
 
 
 class QueueFullError(RuntimeError):
@@ -67,218 +31,203 @@ class QueueFullError(RuntimeError):
 
 
 class AsyncLLM:
-    def __init__(self, core: EngineCore, stats=None, stream_interval: int | None = 1,
-                 max_waiting: int | None = None):
-        """stats: on_step(core) after each step and on_token(stream, now,
-        finish_reason) per token (the server's Prometheus metrics); optional.
-        stream_interval: hand tokens over every that many steps, None for
-        auto (engine/entrypoints/openai/stream_pacer.py). max_waiting: the
-        most sequences that may wait to run (None: no bound); add() past
-        it raises QueueFullError."""
-        self.core = core
+    """An EngineClient (engine/core/engine_client.py) over one engine core."""
+
+    def __init__(self, client: AsyncMPClient, ready: EngineCoreReady, model_config, tokenizer,
+                 stats=None, max_waiting: int | None = None, stream_interval: int | None = 1):
+        """stats: the server's metrics (on_output per request output,
+        on_stats per step); max_waiting: the most requests that may wait
+        for their first step (None: no bound)."""
+        self.client, self.ready = client, ready
+        self.model_config, self.tokenizer = model_config, tokenizer
+        self.max_model_len = ready.max_model_len
         self.max_waiting = max_waiting
         self.stats = stats
-        self.pacer = StreamPacer(stream_interval)
-        self._adds: list[Sequence] = []
-        self._aborts: list[str] = []
-        self._streams: dict[str, _Stream] = {}
-        self._unread: dict[str, _Stream] = {}  # added, and generate() not yet reading
-        self._stopped = False
-        self._idle: asyncio.Future | None = None  # run() waits on it when there is no work
-        self.dead: BaseException | None = None
+        self.processor = InputProcessor(tokenizer, model_config.vocab_size, ready.max_model_len)
+        self.output = OutputProcessor(stats.on_output if stats is not None else None,
+                                      stream_interval or 1)
+        self.scheduler_stats = SchedulerStats()
+        self.dead: str | None = None
+        self._unread: set[str] = set()  # added, and generate() not yet reading
         self._ids = itertools.count()
-        self.chunks = None  # prompt chunks sized to a step time (engine/core/chunk_sizer.py)
-        # (replicas of -dp step in processes of their own: their scheduler view has no chunks)
-        if getattr(core.scheduler, "enable_chunked_prefill", False):
-            self.chunks = PromptChunkSizer(core.scheduler.max_num_batched_tokens)
-            core.scheduler.prompt_tokens_cap = self.chunks.cap()
+        self._prefix = f"req-{client.client_index}-"
+        self._reader: asyncio.Task | None = None
+        self._aborts: list[str] = []
+        self._abort_task: asyncio.Task | None = None
 
-    async def run(self) -> None:
-        """Step the core in this event loop until shutdown(); run it as a task
-        beside the server, in the thread that loaded the model.
+    # ---- life ------------------------------------------------------------------
 
-        Why in the loop. The kernels' OpenMP team belongs to the thread that
-        opened its first parallel region (libgomp keeps one per thread); a
-        second stepping thread makes a second team, libgomp then counts more
-        threads than CPUs, stops spinning between regions, and every op pays a
-        futex wake-up (on 2 cores a 512-wide linear 28 -> 122 us). And the
-        tokens handed over are sent before the next step starts: HTTP work during a
-        step would take a core from one of its OpenMP threads, and the whole
-        team waits for the preempted one at the next barrier. Stepping here
-        does both with no thread hop, no GIL hand-over and no wake-up per step
-        (0.1-0.2 ms a step on 2 cores, a few percent of a 1-client decode).
-        The price: the loop reads new requests between hand-offs, not during
-        steps; the pacer says how many steps a hand-off waits."""
-        loop = asyncio.get_running_loop()
-        core, pacer = self.core, self.pacer
-        clock = time.perf_counter
+    def start(self, on_dead=None) -> None:
+        """Read the core's outputs in this event loop; on_dead(line) once the
+        core is gone (it died, or said it is dying)."""
+        self._on_dead = on_dead
+        self._reader = asyncio.ensure_future(self._read_outputs())
+        proc = self.client.core.proc
+        if proc is not None:  # the kernel tells us the moment it exits, kill -9 included
+            asyncio.get_running_loop().add_reader(proc.sentinel, self._core_exited)
+
+    async def run(self, on_dead=None) -> None:
+        """start(), then wait until shutdown() (a task beside the server)."""
+        self.start(on_dead)
         try:
-            while not self._stopped:
-                if not (self._adds or self._aborts or core.has_unfinished()):
-                    self._idle = loop.create_future()
-                    await asyncio.wait([self._idle], timeout=HEALTH_POLL_S)
-                    core.check_health()  # a rank that died while idle is heard of here
-                    continue
-                adds, self._adds = self._adds, []
-                aborts, self._aborts = self._aborts, []
-                for request_id in aborts:
-                    core.abort(request_id)
-                for seq in adds:
-                    if seq.request_id in self._streams:  # not aborted before it started
-                        core.add(seq)
-                urgent = True
-                if core.has_unfinished():
-                    t0 = clock()
-                    core.last_scheduled = []
-                    try:
-                        stepped = core.step()
-                    except Exception as exc:  # noqa: BLE001 - fail its requests, not the engine
-                        logger.exception("a step failed; its requests fail, the engine goes on")
-                        self._fail(core.last_scheduled or list(core.requests.values()), exc)
-                        stepped = []
-                    urgent = self._publish(stepped)
-                    took = clock() - t0
-                    pacer.stepped(took)
-                    if took >= LONG_STEP_S:
-                        for _ in range(HTTP_TURNS):
-                            await asyncio.sleep(0)
-                    if self.chunks is not None:
-                        self.chunks.stepped(sum(s.num_scheduled_tokens for s in core.last_scheduled
-                                                if s.num_scheduled_tokens > 1), took)
-                        core.scheduler.prompt_tokens_cap = self.chunks.cap()
-                if self.stats is not None:
-                    self.stats.on_step(core)
-                if pacer.due(urgent or not core.has_unfinished()):
-                    t0 = clock()
-                    await _readers_ran(loop)
-                    pacer.handed_over(clock() - t0)
-        except Exception as exc:  # noqa: BLE001 - every waiting caller must hear of it
-            if isinstance(exc, RankDiedError):  # one line: the rank and how it ended
-                logger.error("engine loop stopped: %s", exc)
-            else:
-                logger.exception("engine loop failed")
-            self.dead = exc
-            streams, self._streams = list(self._streams.values()), {}
-            for s in streams:
-                s.queue.put_nowait(exc)
+            await self._reader
+        except asyncio.CancelledError:
+            pass
 
     def shutdown(self) -> None:
-        """Make run() return after the step under way (call it in run()'s loop)."""
-        self._stopped = True
-        self._wake()
+        proc = self.client.core.proc
+        if proc is not None and self._reader is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(proc.sentinel)
+            except RuntimeError:
+                pass
+        if self._reader is not None:
+            self._reader.cancel()
+        self.client.shutdown()
+
+    def _core_exited(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.client.core.proc.sentinel)
+        self._die(self.client.core.how_it_ended())
+
+    @property
+    def stopped_cleanly(self) -> bool:
+        """The core exited 0 (it was told to stop), rather than died."""
+        return self.client.core.stopped_cleanly()
+
+    def _die(self, line: str) -> None:
+        if self.dead is not None:
+            return
+        self.dead = line
+        logger.error("%s", line)
+        self.output.fail(list(self.output.requests), EngineDeadError(line))
+        if self._on_dead is not None:
+            self._on_dead(line)
+
+    async def _read_outputs(self) -> None:
+        try:
+            while True:
+                self._apply(await self.client.get_output())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bad message is the end of the link
+            logger.exception("reading the engine core's outputs failed")
+            self._die(f"the engine core's outputs could not be read: {exc}")
+
+    def _apply(self, outs: EngineCoreOutputs) -> None:
+        stopped = self.output.process_outputs(outs.outputs)
+        if stopped:
+            self._abort_in_core(stopped)
+        if outs.failed_request_ids:
+            self.output.fail(outs.failed_request_ids,
+                             RequestFailedError(f"the request failed in the engine: "
+                                                f"{outs.failure}"))
+        if outs.scheduler_stats is not None:
+            self.scheduler_stats = outs.scheduler_stats
+            if self.stats is not None:
+                self.stats.on_stats(outs.scheduler_stats)
+        if outs.engine_dead is not None:
+            self._die(outs.engine_dead)
 
     # ---- callers ---------------------------------------------------------------
 
-    def make_sequence(self, prompt, params: SamplingParams, index: int = 0) -> Sequence:
-        """Tokenize and check a prompt (ValueError when it cannot run)."""
-        return self.core.make_sequence(f"req-{next(self._ids)}", prompt, params, index)
+    async def make_request(self, prompt, params: SamplingParams, index: int = 0,
+                           add_special_tokens: bool = True) -> RequestState:
+        """Tokenize (off the event loop when long) and check a prompt: a
+        string or token ids (ValueError when it cannot run)."""
+        request_id = f"{self._prefix}{next(self._ids)}"
+        if isinstance(prompt, str):
+            ids = await self.processor.tokenize_async(prompt, add_special_tokens)
+            return self.processor.from_token_ids(request_id, ids, params, index, prompt)
+        return self.processor.from_token_ids(request_id, list(prompt), params, index)
 
     def num_waiting(self) -> int:
-        """Sequences waiting to run: added, or back in the queue (preempted)."""
-        added = sum(1 for s in self._adds if s.request_id in self._streams)  # not aborted
-        return added + len(self.core.scheduler.waiting)
+        """Requests that have not had their first token yet."""
+        return sum(1 for s in self.output.requests.values() if s.first_token_time is None)
 
-    def add(self, seqs: list[Sequence]) -> None:
-        """Queue the sequences of one request, all or none: QueueFullError
-        when they would take the waiting sequences past max_waiting. Read
-        each with generate(); abort() those that will never be read."""
+    def add(self, states: list[RequestState]) -> None:
+        """Send the requests of one call to the core, all or none:
+        QueueFullError when they would take the waiting ones past
+        max_waiting. Read each with generate(); abort() those that will
+        never be read."""
         if self.dead is not None:
-            raise EngineDeadError(f"the engine loop stopped: {self.dead}")
-        if self.max_waiting is not None and self.num_waiting() + len(seqs) > self.max_waiting:
+            raise EngineDeadError(f"the engine core stopped: {self.dead}")
+        if self.max_waiting is not None and self.num_waiting() + len(states) > self.max_waiting:
             raise QueueFullError(f"{self.num_waiting()} sequences are waiting to run, the "
                                  f"server's bound is {self.max_waiting}; retry later")
-        now = time.monotonic()
-        for seq in seqs:
-            stream = _Stream(asyncio.Queue(), seq, now)
-            self._streams[seq.request_id] = self._unread[seq.request_id] = stream
-            self._adds.append(seq)
-        self._wake()
+        for state in states:
+            state.queue = asyncio.Queue()
+            self.output.add(state)
+            self._unread.add(state.request_id)
+            self.client.send_request(state.core_request(self.client.client_index))
 
-    async def generate(self, seq: Sequence) -> AsyncIterator[RequestUpdate]:
-        """Run a sequence made by make_sequence (added now unless add() did);
+    async def generate(self, state: RequestState) -> AsyncIterator[RequestUpdate]:
+        """Run a request made by make_request (added now unless add() did);
         yields its updates, the last with finish_reason set. Closing the
         iterator early aborts the request."""
-        if seq.request_id not in self._unread:
-            self.add([seq])
-        stream = self._unread.pop(seq.request_id)
+        if state.request_id not in self._unread:
+            self.add([state])
+        self._unread.discard(state.request_id)
+        queue = state.queue
         finished = False
         try:
             while True:
-                update = await stream.queue.get()
-                while not stream.queue.empty() and isinstance(update, RequestUpdate):
-                    # steps handed over together, or a reader that fell behind: one update
-                    more = stream.queue.get_nowait()
-                    update = more if isinstance(more, BaseException) else _merged(update, more)
-                if isinstance(update, RequestFailedError):
-                    finished = True  # the engine dropped it already
-                    raise update
+                update = await queue.get()
+                while not queue.empty() and isinstance(update, RequestUpdate):
+                    # outputs that came together, or a reader that fell behind: one update
+                    more = queue.get_nowait()
+                    update = more if isinstance(more, BaseException) else merged(update, more)
                 if isinstance(update, BaseException):
-                    raise EngineDeadError(f"the engine loop stopped: {update}")
+                    finished = True  # the core dropped it already
+                    raise update
                 finished = update.finish_reason is not None
                 yield update
                 if finished:
                     return
         finally:
             if not finished:
-                self.abort(seq.request_id)
+                self.abort(state.request_id)
 
     def num_requests(self) -> int:
         """Requests added and not yet finished (upstream's server load)."""
-        return len(self._streams)
+        return len(self.output.requests)
 
     def abort(self, request_id: str) -> None:
-        self._unread.pop(request_id, None)
-        if self._streams.pop(request_id, None) is not None:
-            self._aborts.append(request_id)
-            self._wake()
+        self._unread.discard(request_id)
+        if self.output.abort(request_id) is not None:
+            self._abort_in_core([request_id])
 
-    def _wake(self) -> None:
-        if self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
+    def _abort_in_core(self, request_ids: list[str]) -> None:
+        if self.dead is None:
+            self._aborts += request_ids
+            if self._abort_task is None or self._abort_task.done():
+                self._abort_task = asyncio.ensure_future(self._send_aborts())
 
-    def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
-        error = RequestFailedError(f"the request failed in the engine: "
-                                   f"{type(exc).__name__}: {exc}")
-        for seq in seqs:
-            self.core.abort(seq.request_id)
-            stream = self._streams.pop(seq.request_id, None)
-            if stream is not None:
-                stream.queue.put_nowait(error)
+    async def _send_aborts(self) -> None:
+        while self._aborts:
+            ids, self._aborts = self._aborts, []
+            await self.client.abort_requests(ids)
 
-    def _publish(self, seqs: list[Sequence]) -> bool:
-        """Queue each sequence's new token for its reader; True when one of
-        them is a first token or a request's end (worth handing over now)."""
-        now = time.monotonic()
-        urgent = False
-        for seq in seqs:
-            stream = self._streams.get(seq.request_id)
-            if stream is None:  # aborted
-                continue
-            reason = seq.finish_reason
-            if reason is not None:
-                del self._streams[seq.request_id]
-                urgent = True
-            elif seq.num_output_tokens == 1:
-                urgent = True
-            text = self.core.output_text(seq) if reason else None
-            logprobs = seq.logprobs[-1:] if seq.params.logprobs is not None else None
-            update = RequestUpdate([seq.token_ids[-1]], reason, text, logprobs,
-                                   seq.stop_string if reason else None)
-            if self.stats is not None:
-                self.stats.on_token(stream, now, reason)
-            stream.queue.put_nowait(update)
-        return urgent
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self.processor.tokenize_async(text, add_special_tokens)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
 
 
-def _merged(a: RequestUpdate, b: RequestUpdate) -> RequestUpdate:
-    logprobs = None if a.logprobs is None else a.logprobs + b.logprobs
-    return RequestUpdate(a.new_token_ids + b.new_token_ids, b.finish_reason, b.text, logprobs,
-                         b.stop_reason)
-
-
-async def _readers_ran(loop: asyncio.AbstractEventLoop) -> None:
-    """Return once the callbacks ready now have run: the readers woken by this
-    step's tokens, which send them (and the loop polls its sockets once)."""
-    done = loop.create_future()
-    loop.call_soon(done.set_result, None)
-    await done
+def start_engine(model: str, dtype: str, engine_args: dict, interrupted=lambda: False,
+                 clients: int = 1) -> tuple[CoreProcess, AsyncMPClient, EngineCoreReady]:
+    """Start the engine core process and wait until it is ready (minutes,
+    for a large model): EngineCoreStartError with the core's one line when it
+    cannot load the model, Interrupted when interrupted() turns true."""
+    core = CoreProcess(model, dtype, engine_args, clients)
+    client = None
+    try:
+        client = AsyncMPClient(core)
+        core.start()
+        return core, client, client.wait_ready(interrupted)
+    except BaseException:
+        if client is not None:
+            client.shutdown()
+        else:
+            core.stop()
+        raise

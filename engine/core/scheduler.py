@@ -16,21 +16,52 @@ does not take the block an older sequence needs next and get preempted at
 the following step; a prompt alone in the engine takes what it needs. When
 blocks still run out, the newest running sequences are preempted (their
 blocks freed) and recomputed later from their tokens so far, as upstream's
-recompute preemption; nothing is dropped."""
+recompute preemption; nothing is dropped.
+
+schedule() says what a step runs (a SchedulerOutput); once the executor has
+run it, update_from_output() advances each sequence by what the step
+computed and sampled and says what the step did to each request (the
+EngineCoreOutputs the front ends read), as upstream V1's scheduler."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from engine.core.kv_cache_manager import BlockManager
-from engine.core.sequence import Sequence
+from engine.core.messages import EngineCoreOutput
+from engine.core.sequence import RequestStatus, Sequence
+from engine.core.stop_checker import check_stop
 
 WATERMARK = 0.01  # of the cache's blocks, kept free by admission (upstream V0's default)
 
 
+@dataclass
+class SchedulerOutput:
+    """One step's work: the sequences it runs, each with num_scheduled_tokens
+    set (its next prompt chunk, or its last token to decode)."""
+
+    scheduled: list[Sequence]
+    is_prefill: bool  # unless every one is a plain decode (its last token only)
+    # those whose chunk reaches their last token: the step samples one token each
+    sampled: list[Sequence] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.request_id: s.num_scheduled_tokens for s in self.scheduled}
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens of prompt chunks (rows longer than one): the prefill work."""
+        return sum(s.num_scheduled_tokens for s in self.scheduled if s.num_scheduled_tokens > 1)
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
-                 max_num_batched_tokens: int, enable_chunked_prefill: bool = False):
+                 max_num_batched_tokens: int, enable_chunked_prefill: bool = False,
+                 eos_token_ids: tuple[int, ...] = (), max_model_len: int | None = None):
         self.blocks = block_manager
+        self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
@@ -45,6 +76,7 @@ class Scheduler:
         # decodes; longer prompts share one such chunk a step, oldest first.
         self.prompt_tokens_cap: int | None = None
         self._copying: list[Sequence] = []  # admitted this step with a partial-block copy
+        self._preempted: list[str] = []  # request ids, this step
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -52,16 +84,43 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> tuple[list[Sequence], bool]:
-        """(sequences to run, is_prefill); each has num_scheduled_tokens set.
-        is_prefill unless every one is a plain decode (its last token only)."""
+    def schedule(self) -> SchedulerOutput:
+        self._preempted = []
         if self.enable_chunked_prefill:
             batch = self._schedule_chunked()
         else:
             batch = self._schedule_prefill_first()
+        for seq in batch:
+            seq.status = RequestStatus.RUNNING
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != len(s) - 1
                          for s in batch)
-        return batch, is_prefill
+        return SchedulerOutput(batch, is_prefill, [s for s in batch if s.samples],
+                               self._preempted)
+
+    def update_from_output(self, out: SchedulerOutput, tokens: list[int]
+                           ) -> list[EngineCoreOutput]:
+        """Advance the step's sequences by what it computed; `tokens`: one per
+        out.sampled. Finished sequences leave (their blocks freed)."""
+        for seq in out.scheduled:
+            seq.num_computed_tokens += seq.num_scheduled_tokens
+            self.blocks.cache_full_blocks(seq)
+        outputs = []
+        max_len = self.max_model_len if self.max_model_len is not None else 1 << 62
+        for seq, token in zip(out.sampled, tokens):
+            seq.token_ids.append(token)
+            status = check_stop(seq, token, self.eos_token_ids, max_len)
+            o = EngineCoreOutput(seq.request_id, [token])
+            if seq.params.logprobs is not None:
+                o.new_logprobs = seq.logprobs[-1:]
+            if seq.num_output_tokens == 1:
+                o.num_cached_tokens = max(seq.num_cached_tokens, 0)
+                if seq.params.prompt_logprobs is not None:
+                    o.prompt_logprobs = seq.prompt_logprobs
+            if status is not None:
+                self.finish(seq, status)
+                o.finish_reason, o.stop_reason = seq.finish_reason, seq.stop_reason
+            outputs.append(o)
+        return outputs
 
     def _schedule_chunked(self) -> list[Sequence]:
         budget, batch, preempted = self.max_num_batched_tokens, [], False
@@ -143,6 +202,7 @@ class Scheduler:
                 else:
                     self.waiting.appendleft(seq)
                     self._release(seq)
+                    seq.status = RequestStatus.PREEMPTED
                     break
             else:
                 self.blocks.allocate(seq, 1)
@@ -176,6 +236,8 @@ class Scheduler:
             seq.num_computed_tokens = 0
             return None
         blocks.count_lookup(seq, seq.num_computed_tokens)
+        if seq.num_cached_tokens < 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
         blocks.allocate(seq, n, computed)
         seq.num_named_tokens = seq.num_computed_tokens  # named where they were found
         if part:
@@ -203,16 +265,18 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._release(seq)
+        seq.status = RequestStatus.PREEMPTED
+        self._preempted.append(seq.request_id)
         self.waiting.appendleft(seq)
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        seq.finish_reason = reason
+    def finish(self, seq: Sequence, status: RequestStatus) -> None:
+        seq.status = status
         self.blocks.free_blocks(seq)
         self.running.remove(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Drop a waiting or running sequence and free its blocks now."""
-        seq.finish_reason = "abort"
+        seq.status = RequestStatus.FINISHED_ABORTED
         self.blocks.free_blocks(seq)
         for queue in (self.running, self.waiting):
             try:

@@ -1,5 +1,8 @@
+"""A request as the engine core holds it (upstream V1's Request): its tokens,
+KV blocks and status. Text never reaches the core: the front end detokenizes."""
 from __future__ import annotations
 
+import enum
 import itertools
 
 import torch
@@ -9,15 +12,37 @@ from engine.sampling_params import SamplingParams
 _ids = itertools.count()
 
 
+class RequestStatus(enum.IntEnum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()  # waiting again, its blocks freed; recomputed when admitted
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _REASONS.get(self)
+
+
+_REASONS = {RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+            RequestStatus.FINISHED_ABORTED: "abort"}
+
+
 class Sequence:
     """One request: its tokens (prompt then output), its KV blocks, its state."""
 
-    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None,
-                 index: int, request_id: str | None = None):
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams,
+                 request_id: str | None = None, client_index: int = 0):
         self.seq_id = next(_ids)
         self.request_id = request_id if request_id is not None else str(self.seq_id)
-        self.index = index  # position in the caller's prompt list
-        self.prompt = prompt
+        self.client_index = client_index  # the API server process that hears its outputs
+        self.status = RequestStatus.WAITING
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
@@ -30,15 +55,18 @@ class Sequence:
         # (source block, its block, tokens): K/V rows of a partial prefix hit that the
         # step admitting it copies (engine/core/kv_cache_manager.py); None after it
         self.kv_copy: tuple[int, int, int] | None = None
-        self.finish_reason: str | None = None
-        self.text = ""
-        self.stop_string: str | int | None = None  # what stopped it (upstream's stop_reason)
-        self.detokenizer = None  # made by check_stop when the request has stop strings
+        self.stop_reason: int | None = None  # the stop token that ended it
+        self.num_cached_tokens = -1  # prompt tokens found cached when first admitted
+        self.prompt_logprobs_sent = False
         self.logprobs: list = []  # per output token, when params.logprobs is set (sampler)
         # per prompt token after the first, when params.prompt_logprobs is set (model runner):
         # (logprob, rank, [(id, logprob) of the top k])
         self.prompt_logprobs: list = []
         self._generator: torch.Generator | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
 
     def __len__(self) -> int:
         return len(self.token_ids)

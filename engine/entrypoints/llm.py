@@ -12,7 +12,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
-from engine.core.sequence import Sequence
+from engine.core.engine_core import load_tokenizer
+from engine.core.input_processor import InputProcessor
+from engine.core.output_processor import OutputProcessor, RequestState
 from engine.executor.data_parallel import engine_core
 from engine.sampling_params import SamplingParams, with_model_defaults
 
@@ -35,14 +37,18 @@ class RequestOutput:
 
 
 class LLM:
-    """Runs prompts to completion on an EngineCore (the same core the server
-    drives; with data_parallel_size > 1 the front of that many); keyword
-    arguments are EngineCore's."""
+    """Runs prompts to completion on an EngineCore in this process (the same
+    core the server runs in a process of its own; with data_parallel_size > 1
+    the front of that many), with the server's input and output processing
+    around it; keyword arguments are EngineCore's."""
 
     _batches = itertools.count()
 
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", **kwargs):
         self.core = engine_core(model, dtype, **kwargs)
+        self.tokenizer = load_tokenizer(self.core.path)
+        self.processor = InputProcessor(self.tokenizer, self.core.config.vocab_size,
+                                        self.core.max_model_len)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """As upstream: the checkpoint's generation_config.json sampling fields
@@ -50,7 +56,7 @@ class LLM:
         return SamplingParams(**with_model_defaults({}, self.core.config.generation_defaults))
 
     def get_tokenizer(self):
-        return self.core.tokenizer
+        return self.tokenizer
 
     # ---- generation ----------------------------------------------------------
 
@@ -71,19 +77,25 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         batch = next(self._batches)
-        seqs = [self.core.make_sequence(f"offline-{batch}-{i}", p, sp, i)
-                for i, (p, sp) in enumerate(zip(prompts, params))]
-        for seq in seqs:
-            self.core.add(seq)
-        while self.core.has_unfinished():
-            self.core.step()
-        return [self._output(s) for s in seqs]
+        states = [self.processor.make_request(f"offline-{batch}-{i}", p, sp, i)
+                  for i, (p, sp) in enumerate(zip(prompts, params))]
+        output = OutputProcessor()
+        for state in states:
+            output.add(state)
+            self.core.add_request(state.core_request())
+        try:
+            while self.core.has_unfinished():
+                stopped = output.process_outputs(self.core.step().outputs)
+                self.core.abort_requests(stopped)  # ended by a stop string
+        except BaseException:
+            self.core.abort_requests([s.request_id for s in states])  # a later call starts clean
+            raise
+        return [self._output(s) for s in states]
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        ids = seq.output_token_ids
-        return RequestOutput(seq.index, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
-                             [CompletionOutput(0, self.core.output_text(seq), ids,
-                                               seq.finish_reason)])
+    def _output(self, state: RequestState) -> RequestOutput:
+        return RequestOutput(state.index, state.prompt, state.token_ids[:state.num_prompt_tokens],
+                             [CompletionOutput(0, state.text or "", state.output_token_ids,
+                                               state.finish_reason)])
 
 
 def _prompt(d: dict, index: int):

@@ -2,9 +2,9 @@
 process of its own (engine.worker.dp_worker) with its scheduler, KV cache and
 tensor-parallel ranks, behind one front that tokenizes, checks and balances.
 
-DPEngineCore is what EngineCore is to LLM and AsyncLLM (make_sequence, add,
-abort, step, has_unfinished, check_health, output_text), so the offline
-`LLM` and `engine serve` drive N replicas as they drive one. A request goes
+DPEngineCore is what EngineCore is to the offline LLM and the engine core
+process (add_request, abort_requests, step, has_unfinished, check_health,
+make_stats), so both drive N replicas as they drive one. A request goes
 to the replica with the fewest requests in flight (upstream's load-balanced
 DP client; ties to the lowest rank) and stays there. The replicas step on
 their own; step() here returns once any of them has sent a step's tokens.
@@ -20,8 +20,8 @@ import os
 from collections import deque
 from multiprocessing.connection import wait
 
-from engine.core.engine_core import EngineCore, _tokenizer
-from engine.core.sequence import Sequence
+from engine.core.engine_core import EngineCore
+from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine.distributed.parallel_state import RankDiedError, replica_bindings
 from engine.engine_args import create_engine_config
 from engine.executor.multiproc_executor import _main_not_rerun
@@ -43,26 +43,20 @@ def least_loaded(in_flight: list[int]) -> int:
 
 
 class DPEngineCore:
-    # the same request checks and output text as one engine's
-    make_sequence = EngineCore.make_sequence
-    output_text = EngineCore.output_text
-
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", **engine_args):
         self.engine_config = c = create_engine_config(model, dtype, **engine_args)
         self.path, self.config, self.dtype = c.path, c.model, c.dtype
         self.max_model_len = c.max_model_len
-        self.tokenizer = _tokenizer(c.path)
         dp = c.data_parallel_size
         if c.bind_threads:  # every replica's ranks checked before any process starts
             for rank in range(dp):
                 replica_bindings(c.world_size, dp, rank)
-        self.requests: dict[str, Sequence] = {}
-        self.last_scheduled: list[Sequence] = []
-        self.owner: dict[str, int] = {}
+        self.last_scheduled: list[str] = []
+        self.last_output = None  # each replica sizes its own steps
+        self.owner: dict[str, int] = {}  # request id -> replica, while in flight
         self.in_flight = [0] * dp
         self.assigned = [0] * dp  # requests each replica was given, ever
-        self.loads = [dp_worker.ReplicaLoad(0, 0, c.num_blocks, 0, 0)] * dp
-        self.scheduler, self.blocks = _SchedulerView(self), _BlocksView(self, c)
+        self.stats = [SchedulerStats()] * dp
         self._pending: deque = deque()  # messages read, not yet applied
         self.procs, self.conns, self.dead, self._closing = [], [], None, False
         ctx = mp.get_context("spawn")
@@ -84,6 +78,10 @@ class DPEngineCore:
         atexit.register(self.shutdown)  # before multiprocessing's join of its children
         logger.info("data parallel: %d engine replicas (mp)", dp)
 
+    @property
+    def requests(self) -> dict[str, int]:
+        return self.owner
+
     def _wait_ready(self) -> None:
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns)):
             try:
@@ -97,25 +95,26 @@ class DPEngineCore:
 
     # ---- requests ------------------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
-        if seq.request_id in self.requests:
-            raise ValueError(f"request id {seq.request_id!r} is already running")
+    def add_request(self, req: EngineCoreRequest) -> None:
+        if req.request_id in self.owner:
+            raise ValueError(f"request id {req.request_id!r} is already running")
         rank = least_loaded(self.in_flight)
-        self.requests[seq.request_id] = seq
-        self.owner[seq.request_id] = rank
+        self.owner[req.request_id] = rank
         self.in_flight[rank] += 1
         self.assigned[rank] += 1
-        self._send(rank, ("add", seq))
+        self._send(rank, ("add", req))
 
-    def abort(self, request_id: str) -> bool:
-        if request_id not in self.requests:
-            return False
-        self._done(request_id)
-        self._send(self.owner.pop(request_id), ("abort", request_id))
-        return True
+    def abort_requests(self, request_ids) -> None:
+        by_rank: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            if request_id in self.owner:
+                by_rank.setdefault(self.owner[request_id], []).append(request_id)
+                self._done(request_id)
+        for rank, ids in by_rank.items():
+            self._send(rank, ("abort", ids))
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        return bool(self.owner)
 
     def check_health(self) -> None:
         if self.dead is None and not self._closing:
@@ -125,31 +124,47 @@ class DPEngineCore:
         if self.dead is not None:
             raise RankDiedError(self.dead)
 
-    def step(self) -> list[Sequence]:
-        """The requests that got a token in the replicas' steps since the last
-        call (waits for one step of any replica); finished ones are gone."""
+    def make_stats(self) -> SchedulerStats:
+        """The replicas' schedulers and KV caches summed (usage: their mean)."""
+        n = len(self.stats)
+        return SchedulerStats(sum(s.num_running_reqs for s in self.stats),
+                              sum(s.num_waiting_reqs for s in self.stats),
+                              sum(s.kv_cache_usage for s in self.stats) / max(n, 1),
+                              sum(s.prefix_cache_queries for s in self.stats),
+                              sum(s.prefix_cache_hits for s in self.stats),
+                              sum(s.num_preemptions for s in self.stats))
+
+    def step(self) -> EngineCoreOutputs:
+        """The outputs of the replicas' steps since the last call (waits for
+        one step of any replica); finished requests are gone."""
         self.last_scheduled = []
         if not self._pending:
             self._read()
-        stepped: list[Sequence] = []
+        outputs: list = []
         while self._pending:
             rank, msg = self._pending.popleft()
             if msg[0] == "step":
-                self.loads[rank] = msg[2]
-                stepped += self._apply(msg[1])
+                out: EngineCoreOutputs = msg[1]
+                if out.scheduler_stats is not None:
+                    self.stats[rank] = out.scheduler_stats
+                for o in out.outputs:
+                    if o.request_id not in self.owner:  # aborted while the replica stepped it
+                        continue
+                    if o.finish_reason is not None:
+                        self._done(o.request_id)
+                    outputs.append(o)
             elif msg[0] == "failed":
-                if stepped:  # hand these over first; the failure comes with the next call
+                if outputs:  # hand these over first; the failure comes with the next call
                     self._pending.appendleft((rank, msg))
-                    return stepped
-                self.last_scheduled = [self.requests[i] for i in msg[1] if i in self.requests]
-                for seq in self.last_scheduled:
-                    self._done(seq.request_id)
-                    self.owner.pop(seq.request_id, None)
+                    break
+                self.last_scheduled = [i for i in msg[1] if i in self.owner]
+                for request_id in self.last_scheduled:
+                    self._done(request_id)
                 raise RuntimeError(f"data-parallel rank {rank}: {msg[2]}")
             else:  # "dead": a part of the replica died
                 self.dead = f"data-parallel rank {rank}: {msg[1]}"
                 raise RankDiedError(self.dead)
-        return stepped
+        return EngineCoreOutputs(outputs, self.make_stats())
 
     def _read(self) -> None:
         """Wait for the replicas' next messages (or for one to die)."""
@@ -171,26 +186,8 @@ class DPEngineCore:
                 self.dead = f"data-parallel rank {gone[0]} died (exit code {proc.exitcode})"
                 raise RankDiedError(self.dead)
 
-    def _apply(self, updates: list) -> list[Sequence]:
-        out = []
-        for u in updates:
-            seq = self.requests.get(u.request_id)
-            if seq is None:  # aborted while the replica stepped it
-                continue
-            seq.token_ids.append(u.token)
-            if u.logprob is not None:
-                seq.logprobs.append(u.logprob)
-            if u.finish_reason is not None:
-                seq.finish_reason, seq.stop_string = u.finish_reason, u.stop_string
-                seq.text = u.text or ""
-                self._done(u.request_id)
-                self.owner.pop(u.request_id, None)
-            out.append(seq)
-        return out
-
     def _done(self, request_id: str) -> None:
-        del self.requests[request_id]
-        self.in_flight[self.owner[request_id]] -= 1
+        self.in_flight[self.owner.pop(request_id)] -= 1
 
     def _send(self, rank: int, msg) -> None:
         try:
@@ -213,32 +210,3 @@ class DPEngineCore:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-
-
-class _SchedulerView:
-    """The replicas' schedulers summed, as the server's metrics read one."""
-
-    def __init__(self, core: DPEngineCore):
-        self._core = core
-
-    @property
-    def running(self) -> range:
-        return range(sum(load.running for load in self._core.loads))
-
-    @property
-    def waiting(self) -> range:
-        return range(sum(load.waiting for load in self._core.loads))
-
-
-class _BlocksView:
-    """The replicas' KV caches summed (blocks of block_size tokens each)."""
-
-    def __init__(self, core: DPEngineCore, c):
-        self._core = core
-        self.block_size = c.block_size
-        self.num_blocks = c.num_blocks * c.data_parallel_size
-
-    def __getattr__(self, name: str) -> int:
-        if name in ("num_free", "prefix_queries", "prefix_hits"):
-            return sum(getattr(load, name) for load in self._core.loads)
-        raise AttributeError(name)

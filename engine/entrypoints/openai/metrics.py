@@ -11,8 +11,9 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 
 
 class Metrics:
-    """Fed by AsyncLLM's step loop (on_step, on_token) and the request
-    handlers (on_prompt); one registry per server."""
+    """Fed by the engine client: the scheduler stats each step's output
+    carries (on_stats), each request's outputs (on_output); and by the
+    request handlers (on_prompt). One registry per server."""
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()
@@ -45,27 +46,29 @@ class Metrics:
     def on_prompt(self, num_tokens: int) -> None:
         self.prompt_tokens.inc(num_tokens)
 
-    def on_step(self, core) -> None:
-        s = core.scheduler
-        self.running.set(len(s.running))
-        self.waiting.set(len(s.waiting))
-        b = core.blocks
-        self.kv_usage.set((b.num_blocks - b.num_free) / max(b.num_blocks, 1))
+    def on_stats(self, stats) -> None:
+        """A step's SchedulerStats (engine/core/messages.py); prefix totals since start."""
+        self.running.set(stats.num_running_reqs)
+        self.waiting.set(stats.num_waiting_reqs)
+        self.kv_usage.set(stats.kv_cache_usage)
         queries, hits = self._prefix_seen
-        self.prefix_queries.inc(b.prefix_queries - queries)
-        self.prefix_hits.inc(b.prefix_hits - hits)
-        self._prefix_seen = (b.prefix_queries, b.prefix_hits)
+        self.prefix_queries.inc(max(stats.prefix_cache_queries - queries, 0))
+        self.prefix_hits.inc(max(stats.prefix_cache_hits - hits, 0))
+        self._prefix_seen = (stats.prefix_cache_queries, stats.prefix_cache_hits)
 
-    def on_token(self, stream, now: float, finish_reason: str | None) -> None:
-        self.generation_tokens.inc()
-        if stream.first_token is None:
-            stream.first_token = now
-            self.ttft.observe(now - stream.arrival)
-        else:
-            self.tpot.observe(now - stream.last_token)
-        stream.last_token = now
-        if finish_reason is not None:
-            self._success.labels(self.model_name, finish_reason).inc()
+    def on_output(self, state, num_tokens: int, now: float) -> None:
+        """A request gained num_tokens (state: its times before them)."""
+        if num_tokens:
+            self.generation_tokens.inc(num_tokens)
+            gaps = num_tokens
+            if state.first_token_time is None:
+                self.ttft.observe(now - state.arrival_time)
+                gaps -= 1
+            elif state.last_token_time is not None:
+                for _ in range(gaps):  # tokens that came together share the gap
+                    self.tpot.observe((now - state.last_token_time) / num_tokens)
+        if state.finish_reason is not None:
+            self._success.labels(self.model_name, state.finish_reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,4 +1,6 @@
-"""Start the server: load the engine, then serve on uvicorn until stopped."""
+"""Start the server: the engine core in a process of its own (it loads the
+model while this one waits, answering signals), then uvicorn in this one,
+until stopped or until the core dies."""
 from __future__ import annotations
 
 import asyncio
@@ -11,50 +13,67 @@ import time
 
 logger = logging.getLogger("engine")
 
+DEAD_GRACE_S = 2.0  # /health answers 503 this long after the core died, then the server exits
+GRACEFUL_S = 2  # uvicorn's wait for open responses on SIGTERM (the core then has STOP_GRACE_S)
+
 
 def serve(args) -> int:
     import uvicorn
 
-    from engine.core.async_llm import AsyncLLM
+    from engine.config import ModelConfig
+    from engine.core.async_llm import AsyncLLM, start_engine
+    from engine.core.core_client import EngineCoreStartError, Interrupted
+    from engine.core.engine_core import load_tokenizer
     from engine.engine_args import cli_engine_args
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.stream_pacer import parse_interval
-    from engine.executor.data_parallel import engine_core
+    from engine.model_source import resolve_model
 
     interval = parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
     listener = _listen(args.host, args.port)  # a busy port, too, before minutes of loading
     if listener is None:
         return 1
-
     t0 = time.perf_counter()
-    core = engine_core(args.model, args.dtype, **cli_engine_args(args))
-    warm = warm_up(core)
+    path = resolve_model(args.model)
+    model_config = ModelConfig.from_dir(path)
+    tokenizer = load_tokenizer(path)
+    template = chat_utils.load_template(path, args.chat_template)
+
+    stop_asked: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop_asked.append(signum))
+    try:
+        core, client, ready = start_engine(str(path), args.dtype, cli_engine_args(args),
+                                           interrupted=lambda: bool(stop_asked))
+    except Interrupted as exc:
+        print(f"{exc}; nothing was served", file=sys.stderr)
+        return 1
+    except EngineCoreStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     names = args.served_model_name or [args.model]
-    template = chat_utils.load_template(core.path, args.chat_template)
     metrics = Metrics(names[0])
-    llm = AsyncLLM(core, metrics, stream_interval=interval,
-                   max_waiting=args.max_waiting_queue_length)
-    state = ServerState(llm=llm, model_names=names, model_dir=core.path, metrics=metrics,
+    llm = AsyncLLM(client, ready, model_config, tokenizer, metrics,
+                   max_waiting=args.max_waiting_queue_length, stream_interval=interval)
+    state = ServerState(llm=llm, model_names=names, model_dir=path, metrics=metrics,
                         api_key=args.api_key, chat_template=template,
-                        special_tokens=chat_utils.special_tokens(core.path),
-                        max_model_len=core.max_model_len, created=int(time.time()))
+                        special_tokens=chat_utils.special_tokens(path),
+                        max_model_len=ready.max_model_len, created=int(time.time()))
     if template is None:
-        logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
-                       core.path)
+        logger.warning("%s has no chat template: /v1/chat/completions will answer 400", path)
     logger.info("engine ready in %.1f s, warm-up %.2f s of it (%s, max_model_len %d, "
-                "%d KV blocks of %d tokens)", time.perf_counter() - t0, warm, core.dtype,
-                core.max_model_len, core.blocks.num_blocks, core.blocks.block_size)
+                "%d KV blocks of %d tokens)", time.perf_counter() - t0, ready.warm_up_s,
+                ready.dtype, ready.max_model_len, ready.num_blocks, ready.block_size)
     app = build_app(state)
-    # as upstream's EngineCore: the start-up heap (torch, the model, FastAPI) is
-    # hundreds of thousands of objects that live until exit, and every oldest-
-    # generation collection walked them all, a pause of ~0.25 s mid-stream
+    # the start-up heap (FastAPI, the tokenizer, pydantic's models) lives until
+    # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()
     gc.freeze()
     config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.uvicorn_log_level, access_log=False,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=GRACEFUL_S)
     server = uvicorn.Server(config)
 
     def stop(signum, frame) -> None:
@@ -66,33 +85,12 @@ def serve(args) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
+    if stop_asked:  # a signal between the core's handshake and here
+        server.should_exit = True
     try:
         return asyncio.run(_serve(server, llm, listener))
     finally:
         gc.unfreeze()  # a caller in the same process (tests) gets its heap back
-
-
-def warm_up(core) -> float:
-    """A short prefill and a few batched decode steps, greedy and sampled,
-    before /health says 200: the first requests then find the kernels chosen,
-    the weights packed and the allocator grown (seconds, not minutes: a few
-    steps of the smallest shapes of each kind). The seconds it took."""
-    from engine.sampling_params import SamplingParams
-
-    t0 = time.perf_counter()
-    ids = core.tokenizer.encode("warm up " * 16).ids[:max(1, core.max_model_len // 2)] or [0]
-    steps = min(WARM_UP_TOKENS, core.max_model_len - len(ids) - 1)
-    if steps >= 1:
-        for i, temperature in enumerate((0.0, 1.0)):
-            core.add(core.make_sequence(f"warm-up-{i}", ids[:len(ids) - 4 * i] or ids,
-                                        SamplingParams(temperature=temperature, seed=0,
-                                                       max_tokens=steps, ignore_eos=True)))
-        while core.has_unfinished():
-            core.step()
-    return time.perf_counter() - t0
-
-
-WARM_UP_TOKENS = 4
 
 
 def _listen(host: str, port: int) -> socket.socket | None:
@@ -109,28 +107,22 @@ def _listen(host: str, port: int) -> socket.socket | None:
 
 
 async def _serve(server, llm, listener: socket.socket) -> int:
-    """uvicorn and the engine's step loop in this thread's event loop (AsyncLLM.run
-    says why): a request under way when the server stops still ends."""
-    steps = asyncio.ensure_future(llm.run())
-    steps.add_done_callback(lambda _: _stop_when_dead(server, llm))
+    """uvicorn and the engine client's reader in this event loop; a core
+    that dies takes the server down DEAD_GRACE_S later (/health says 503
+    and why meanwhile), as upstream's."""
+    loop = asyncio.get_running_loop()
+    llm.start(on_dead=lambda line: loop.call_later(DEAD_GRACE_S, setattr, server,
+                                                   "should_exit", True))
     try:
         await server.serve(sockets=[listener])
     except SystemExit:  # uvicorn exits (3) when it cannot bind; it logged why
         return 1
     finally:
+        running = llm.num_requests()
+        if running and llm.dead is None:
+            logger.info("stopping: %d requests were still running; they end here", running)
         llm.shutdown()
-        await steps
-    if llm.dead is not None:
-        logger.error("the engine stopped: %s", llm.dead)
+    if llm.dead is not None and not llm.stopped_cleanly:
+        print(f"error: the engine stopped: {llm.dead}", file=sys.stderr)
         return 1
     return 0 if server.started else 1
-
-
-DEAD_GRACE_S = 3.0  # /health answers 503 this long before the server exits
-
-
-def _stop_when_dead(server, llm) -> None:
-    """As upstream: an engine that died (a tensor-parallel rank gone) takes the
-    server down, after a moment in which /health says 503 and why."""
-    if llm.dead is not None:
-        asyncio.get_running_loop().call_later(DEAD_GRACE_S, setattr, server, "should_exit", True)

@@ -2,13 +2,15 @@
 the assistant's answer whole or streamed."""
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Request
 
 from engine.entrypoints import chat_utils
 from engine.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
-                                                      StreamedText, check_request,
+                                                      check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
                                                       unless_disconnected, usage,
@@ -20,14 +22,14 @@ RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest,
                                  request: Request):
-    name, seqs = chat_sequences(state, body)
+    name, seqs = await chat_sequences(state, body)
     admit(state, seqs, "n")
     if body.stream:
         return sse(_stream(state, seqs, name, body), state, seqs)
     return await unless_disconnected(request, _full(state, seqs, name), state, seqs)
 
 
-def chat_sequences(state: ServerState, body: ChatCompletionRequest):
+async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
     """(the served model's name, the checked sequences of the rendered chat)."""
     name = check_request(state, body)
     if state.chat_template is None:
@@ -39,18 +41,18 @@ def chat_sequences(state: ServerState, body: ChatCompletionRequest):
     if clash:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(clash)}: give them "
                        f"as the request's own fields", "chat_template_kwargs")
-    try:
-        text = chat_utils.render(state.chat_template, _messages(body),
-                                 add_generation_prompt=body.add_generation_prompt,
-                                 tokens={**state.special_tokens, **kwargs}, tools=None,
-                                 documents=None)
+    messages = _messages(body)
+    try:  # in a worker thread, bounded in time and size (chat_utils): templates are code
+        text = await asyncio.get_running_loop().run_in_executor(None, lambda: chat_utils.render(
+            state.chat_template, messages, add_generation_prompt=body.add_generation_prompt,
+            tokens={**state.special_tokens, **kwargs}, tools=None, documents=None))
     except chat_utils.ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages") from None
     # as transformers' apply_chat_template(tokenize=True): the template
     # already wrote the special tokens it wants
-    ids = state.llm.core.tokenizer.encode(text, add_special_tokens=False).ids
-    return name, make_sequences(state, body, ids, 0, body.max_new_tokens(),
-                                lambda n: state.max_model_len - n)
+    ids = await state.llm.tokenize(text, add_special_tokens=False)
+    return name, await make_sequences(state, body, ids, 0, body.max_new_tokens(),
+                                      lambda n: state.max_model_len - n)
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict]:
@@ -70,7 +72,7 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
 
 
 def _logprobs(state, ids, entries):
-    return None if entries is None else chat_logprobs(state.llm.core.tokenizer, ids, entries)
+    return None if entries is None else chat_logprobs(state.llm.tokenizer, ids, entries)
 
 
 async def _full(state: ServerState, seqs, name: str):
@@ -78,25 +80,24 @@ async def _full(state: ServerState, seqs, name: str):
     if dead is not None:
         return error_response(500, dead)
     choices = [{"index": i, "message": {"role": "assistant",
-                                        "content": state.llm.core.output_text(s)},
+                                        "content": s.text},
                 "logprobs": _logprobs(state, s.output_token_ids,
                                       s.logprobs if s.params.logprobs is not None else None),
-                "finish_reason": s.finish_reason, "stop_reason": s.stop_string}
+                "finish_reason": s.finish_reason, "stop_reason": s.stop_reason}
                for i, s in enumerate(seqs)]
     out = full_answer("chatcmpl", "chat.completion", name, choices, seqs)
     if seqs[0].params.prompt_logprobs is not None:  # vLLM's field, of the rendered prompt
-        out["prompt_logprobs"] = vllm_prompt_logprobs(state.llm.core.tokenizer, seqs[0])
+        out["prompt_logprobs"] = vllm_prompt_logprobs(state.llm.tokenizer, seqs[0])
     return out
 
 
 async def _stream(state: ServerState, seqs, name: str, body):
     chunk = Chunks("chatcmpl", "chat.completion.chunk", name)
     live_usage = usage_per_chunk(body, seqs)
-    texts = [StreamedText(state.llm.core.tokenizer, s) for s in seqs]
     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                   "finish_reason": None} for i in range(len(seqs))], live_usage())
     async for i, update in run(state, seqs):
-        delta = texts[i].add(update)
+        delta = update.text
         lp = _logprobs(state, update.new_token_ids, update.logprobs)
         if delta or lp or update.finish_reason is not None:
             yield chunk([{"index": i, "delta": {"content": delta} if delta else {},

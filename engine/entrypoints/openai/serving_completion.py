@@ -12,7 +12,8 @@ from engine.entrypoints.openai.logprobs import (completion_logprobs, prompt_entr
                                                 vllm_prompt_logprobs)
 from engine.entrypoints.openai.protocol import CompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
-                                                      StreamedText, check_request,
+                                                      check_fan_out,
+                                                      check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
                                                       unless_disconnected, usage,
@@ -27,16 +28,19 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     if not prompts:
         raise APIError(400, "prompt: give at least one prompt", "prompt")
     score_only = body.max_tokens == 0
+    param = "prompt" if len(prompts) > 1 else "n"
+    check_fan_out(state, len(prompts) * body.n, param)  # before tokenizing 100,000 prompts
     seqs = []
     for i, prompt in enumerate(prompts):
-        seqs += make_sequences(state, body, prompt, i, 1 if score_only else body.max_tokens,
-                               lambda n: DEFAULT_MAX_TOKENS)
-    tok = state.llm.core.tokenizer
+        seqs += await make_sequences(state, body, prompt, i,
+                                     1 if score_only else body.max_tokens,
+                                     lambda n: DEFAULT_MAX_TOKENS)
+    tok = state.llm.tokenizer
     # echo: the prompt as given, or its ids decoded
     echoed = [(p if isinstance(p, str) else tok.decode(p)) if body.echo else ""
               for p in prompts for _ in range(body.n)]
     answer = _Answer(state, bool(body.echo), score_only)
-    admit(state, seqs, "prompt" if len(prompts) > 1 else "n")
+    admit(state, seqs, param)
     if body.stream:
         return sse(_stream(state, seqs, name, body, echoed, answer), state, seqs)
     return await unless_disconnected(request, _full(state, seqs, name, echoed, answer),
@@ -48,7 +52,7 @@ class _Answer:
     echoed, the output's unless the prompt is scored alone."""
 
     def __init__(self, state: ServerState, echo: bool, score_only: bool):
-        self.tokenizer = state.llm.core.tokenizer
+        self.tokenizer = state.llm.tokenizer
         self.echo, self.score_only = echo, score_only
 
     def logprobs(self, seq, new_ids: list[int], new_entries, with_prompt: bool, offset: int):
@@ -74,9 +78,9 @@ async def _full(state: ServerState, seqs, name: str, echoed: list[str], answer: 
     dead = await run_to_end(state, seqs)
     if dead is not None:
         return error_response(500, dead)
-    choices = [{"index": i, "text": echoed[i] + answer.text(state.llm.core.output_text(s)),
+    choices = [{"index": i, "text": echoed[i] + answer.text(s.text),
                 "logprobs": answer.logprobs(s, s.output_token_ids, s.logprobs, True, 0),
-                "finish_reason": s.finish_reason, "stop_reason": s.stop_string,
+                "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,
                 "prompt_logprobs": answer.prompt_logprobs(s)}
                for i, s in enumerate(seqs)]
     return full_answer("cmpl", "text_completion", name, choices, seqs)
@@ -86,11 +90,10 @@ async def _stream(state: ServerState, seqs, name: str, body, echoed: list[str],
                   answer: _Answer):
     chunk = Chunks("cmpl", "text_completion", name)
     live_usage = usage_per_chunk(body, seqs)
-    texts = [StreamedText(state.llm.core.tokenizer, s) for s in seqs]
     offsets = [0] * len(seqs)
     started = [False] * len(seqs)  # the echo goes with a choice's first tokens, as upstream
     async for i, update in run(state, seqs):
-        delta = answer.text(texts[i].add(update))
+        delta = answer.text(update.text)
         first, started[i] = not started[i], True
         if first:
             delta = echoed[i] + delta

@@ -14,8 +14,8 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.core.async_llm import AsyncLLM, EngineDeadError, QueueFullError, RequestFailedError
-from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.async_llm import EngineDeadError, QueueFullError, RequestFailedError
+from engine.core.engine_client import EngineClient
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
 
@@ -57,7 +57,7 @@ def error_response(status: int, message: str, param: str | None = None,
 
 @dataclass
 class ServerState:
-    llm: AsyncLLM
+    llm: EngineClient
     model_names: list[str]
     model_dir: Path
     metrics: Metrics
@@ -87,22 +87,26 @@ def check_request(state: ServerState, body: _Sampling) -> str:
     return body.model or state.model_names[0]
 
 
-def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: int,
-                   max_tokens: int | None, default_max_tokens) -> list:
-    """body.n sequences of one prompt. max_tokens: what the request asked
+async def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: int,
+                         max_tokens: int | None, default_max_tokens) -> list:
+    """body.n requests of one prompt. max_tokens: what the request asked
     for (checked against the context), None for default_max_tokens(prompt
     length)."""
     llm = state.llm
     try:
-        defaults = llm.core.config.generation_defaults
+        defaults = llm.model_config.generation_defaults
         params = [body.sampling_params(max_tokens or max(body.min_tokens, 1), j, defaults)
                   for j in range(body.n)]
     except ValueError as exc:
         raise APIError(400, str(exc), str(exc).split(" ")[0].rstrip(":")) from None
     try:
-        seqs = [llm.make_sequence(prompt, p, prompt_index) for p in params]
+        first = await llm.make_request(prompt, params[0], prompt_index)
+        ids = first.token_ids  # the prompt tokenized once for all n
+        seqs = [first] + [await llm.make_request(ids, p, prompt_index) for p in params[1:]]
     except ValueError as exc:
         raise APIError(400, str(exc), "prompt") from None
+    for s in seqs[1:]:
+        s.prompt = first.prompt
     n = seqs[0].num_prompt_tokens
     room = state.max_model_len - n
     if max_tokens is None:
@@ -117,21 +121,27 @@ def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: in
     return seqs
 
 
+def check_fan_out(state: ServerState, count: int, param: str) -> None:
+    """A request of more sequences (n x prompts) than could ever wait at once
+    is a 400 naming `param`: refused before any of them is tokenized."""
+    bound = state.llm.max_waiting
+    if bound is not None and count > bound:
+        raise APIError(400, f"{param}: n x prompts is {count} sequences; this server "
+                       f"queues at most {bound} (--max-waiting-queue-length)", param)
+
+
 def admit(state: ServerState, seqs, param: str) -> None:
     """Queue a request's sequences in the engine, all or none: a request that
     could never fit the waiting bound is a 400 naming `param` (n, or the
     prompt list), one that does not fit now a 503 with Retry-After. The
     answer (stream_answer / unless_disconnected) must end with release()."""
-    bound = state.llm.max_waiting
-    if bound is not None and len(seqs) > bound:
-        raise APIError(400, f"{param}: n x prompts is {len(seqs)} sequences; this server "
-                       f"queues at most {bound} (--max-waiting-queue-length)", param)
+    check_fan_out(state, len(seqs), param)
     try:
         state.llm.add(seqs)
     except QueueFullError as exc:
         raise APIError(503, str(exc), None, {"Retry-After": str(RETRY_AFTER_S)}) from None
     except EngineDeadError as exc:
-        raise APIError(500, str(exc)) from None
+        raise APIError(503, str(exc)) from None
     for s in seqs:
         state.metrics.on_prompt(s.num_prompt_tokens)
 
@@ -201,7 +211,7 @@ async def run(state: ServerState, seqs) -> AsyncIterator[tuple[int, object]]:
 async def run_to_end(state: ServerState, seqs) -> str | None:
     """Run the sequences to their end; the engine's error if it died meanwhile."""
     try:
-        async for _ in run(state, seqs):  # the text comes from output_text at the end
+        async for _ in run(state, seqs):  # each request's text is whole at its end
             pass
     except (EngineDeadError, RequestFailedError) as exc:
         return str(exc)
@@ -225,33 +235,6 @@ async def unless_disconnected(request: Request, work, state: ServerState, seqs):
 
 
 # ---- streaming ---------------------------------------------------------------
-
-
-class StreamedText:
-    """One choice's text as tokens arrive: hands out only what can no longer
-    change (not a partial UTF-8 character, not the start of a stop string).
-    Decoded incrementally by the tokenizer's own DecodeStream, as upstream's
-    detokenizer does: each token decodes a window of the last few tokens in
-    Rust, not the whole output again."""
-
-    def __init__(self, tokenizer, seq):
-        self.text = ""           # the stable text decoded so far
-        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids[:seq.num_prompt_tokens])
-        self.sent = 0
-        p = seq.params
-        self.hold = 0 if p.include_stop_str_in_output else max(map(len, p.stop), default=1) - 1
-
-    def add(self, update) -> str:
-        if update.finish_reason is not None:  # the engine's whole text (cut at a stop string)
-            text = update.text
-            end = len(text)
-        else:
-            self.text += self.detokenizer.add(update.new_token_ids)
-            text = self.text
-            end = len(text) - self.hold
-        delta = text[self.sent:end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
-        return delta
 
 
 class Chunks:

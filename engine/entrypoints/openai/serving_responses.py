@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_chat import chat_sequences
-from engine.entrypoints.openai.serving_engine import (APIError, ServerState, StreamedText, admit,
+from engine.entrypoints.openai.serving_engine import (APIError, ServerState, admit,
                                                       error_response, run, run_to_end, sse,
                                                       unless_disconnected)
 
@@ -81,7 +81,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     except ValidationError as exc:
         first = exc.errors()[0]
         raise APIError(400, f"input: {first.get('msg', 'invalid')}", "input") from None
-    name, seqs = chat_sequences(state, chat)
+    name, seqs = await chat_sequences(state, chat)
     admit(state, seqs, "input")
     head = _Head(name, body)
     if body.stream:
@@ -132,7 +132,7 @@ async def _full(state: ServerState, seq, head: _Head):
     dead = await run_to_end(state, [seq])
     if dead is not None:
         return error_response(500, dead)
-    return head.response(seq, state.llm.core.output_text(seq))
+    return head.response(seq, seq.text)
 
 
 async def _stream(state: ServerState, seq, head: _Head):
@@ -149,12 +149,11 @@ async def _stream(state: ServerState, seq, head: _Head):
     yield event("output_item.added", output_index=0, item=head.message("", "in_progress"))
     yield event("content_part.added", **at,
                 part={"type": "output_text", "text": "", "annotations": []})
-    streamed = StreamedText(state.llm.core.tokenizer, seq)
     async for _, update in run(state, [seq]):
-        delta = streamed.add(update)
+        delta = update.text
         if delta:
             yield event("output_text.delta", **at, delta=delta, logprobs=[])
-    text = state.llm.core.output_text(seq)
+    text = seq.text
     yield event("output_text.done", **at, text=text, logprobs=[])
     yield event("content_part.done", **at,
                 part={"type": "output_text", "text": text, "annotations": []})

@@ -24,8 +24,7 @@ class DetokenizeRequest(BaseModel):
 
 
 def add_token_routes(app: FastAPI, state: ServerState) -> None:
-    tokenizer = state.llm.core.tokenizer
-    vocab = state.llm.core.config.vocab_size
+    vocab = state.llm.model_config.vocab_size
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in state.model_names:
@@ -45,7 +44,7 @@ def add_token_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/tokenize", dependencies=[Depends(json_body)])
     async def tokenize(body: TokenizeRequest):
         check_model(body.model)
-        ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens).ids
+        ids = await state.llm.tokenize(body.prompt, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids,
                 "token_strs": None}
 
@@ -56,4 +55,4 @@ def add_token_routes(app: FastAPI, state: ServerState) -> None:
         if bad:
             raise APIError(400, f"tokens: token ids must be in [0, {vocab}), got {bad[:5]}",
                            "tokens")
-        return {"prompt": tokenizer.decode(body.tokens)}
+        return {"prompt": state.llm.detokenize(body.tokens)}

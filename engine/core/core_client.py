@@ -1,0 +1,183 @@
+"""The API server's link to the engine core (upstream V1's AsyncMPClient):
+it starts the core process, binds the two ZMQ sockets the core connects to
+(in a folder only this user can enter), sends requests and aborts, and
+reads the core's outputs. A core that dies, however it dies (kill -9
+included), is noticed at once through its process sentinel."""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from engine.core.engine_core_proc import CoreAddresses, EngineCoreProc, run_engine_core
+from engine.core.messages import (EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
+                                  Handshake, RequestType)
+
+logger = logging.getLogger("engine")
+
+STOP_GRACE_S = 3.0  # a core asked to stop gets this long before it is killed
+
+
+class EngineCoreStartError(RuntimeError):
+    """The core could not load the model (its one line), or died doing so."""
+
+
+class Interrupted(RuntimeError):
+    """SIGINT or SIGTERM while the core was loading: it was stopped."""
+
+
+def ipc_addresses(folder: str, clients: int) -> CoreAddresses:
+    return CoreAddresses([f"ipc://{folder}/in-{i}" for i in range(clients)],
+                         [f"ipc://{folder}/out-{i}" for i in range(clients)])
+
+
+class CoreProcess:
+    """The engine core's process (or, for tests, a thread in this one) and
+    the private folder its sockets live in."""
+
+    def __init__(self, model: str, dtype: str, engine_args: dict, clients: int = 1):
+        self.folder = tempfile.mkdtemp(prefix="vllm-engine-")  # 0700: no one else connects
+        self.addresses = ipc_addresses(self.folder, clients)
+        self.model, self.dtype, self.engine_args = model, dtype, engine_args
+        self.proc: mp.process.BaseProcess | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        # not a daemon: the core starts processes of its own (-tp ranks, -dp replicas)
+        self.proc = ctx.Process(target=run_engine_core, name="EngineCore",
+                                args=(self.model, self.dtype, self.engine_args, self.addresses,
+                                      os.getpid(), logging.getLogger("engine").level or
+                                      logging.INFO))
+        from engine.executor.multiproc_executor import _main_not_rerun
+
+        with _main_not_rerun():
+            self.proc.start()
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.is_alive()
+        return self.thread is not None and self.thread.is_alive()
+
+    def stopped_cleanly(self) -> bool:
+        """It exited 0: told to stop (SIGTERM to the whole process group, as
+        systemd and a terminal's kill send), not a crash."""
+        return self.proc is not None and self.proc.exitcode == 0
+
+    def how_it_ended(self) -> str:
+        if self.proc is None:
+            return "the engine core thread stopped"
+        self.proc.join(1)
+        code = self.proc.exitcode
+        if code == 0:
+            return "the engine core process was stopped (SIGTERM)"
+        if code is not None and code < 0:
+            try:
+                return f"the engine core process died (signal {signal.Signals(-code).name})"
+            except ValueError:
+                pass
+        return f"the engine core process died (exit code {code})"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.terminate()  # SIGTERM: the core shuts its ranks down
+            self.proc.join(STOP_GRACE_S)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join()
+        if self.thread is not None:
+            self.thread.join(STOP_GRACE_S)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class AsyncMPClient:
+    """Requests to the core and its outputs back, on this event loop's
+    sockets (bound here, before the core connects)."""
+
+    def __init__(self, core: CoreProcess, client_index: int = 0):
+        self.core, self.client_index = core, client_index
+        self.ctx = zmq.asyncio.Context()
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.setsockopt(zmq.LINGER, 0)
+        self.input.bind(core.addresses.inputs[client_index])
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.setsockopt(zmq.LINGER, 0)
+        self.output.bind(core.addresses.outputs[client_index])
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+
+    def wait_ready(self, interrupted=lambda: False) -> EngineCoreReady:
+        """Block until the core says it is ready (EngineCoreStartError when it
+        cannot start; Interrupted when interrupted() turns true meanwhile)."""
+        sync = zmq.Socket.shadow(self.output.underlying)
+        while not sync.poll(100):
+            if interrupted():
+                raise Interrupted("stopped while the engine core was loading the model")
+            if not self.core.alive():
+                raise EngineCoreStartError(f"{self.core.how_it_ended()} while loading the model")
+        msg = msgspec.msgpack.decode(sync.recv(), type=Handshake)
+        if not isinstance(msg, EngineCoreReady):
+            raise EngineCoreStartError(msg.error)
+        return msg
+
+    def send_request(self, req: EngineCoreRequest) -> None:
+        """Queue a request for the core (zmq keeps the order of sends)."""
+        self.input.send_multipart((RequestType.ADD.value, self.encoder.encode(req)), copy=False)
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            await self.input.send_multipart((RequestType.ABORT.value,
+                                             self.encoder.encode(request_ids)))
+
+    async def get_output(self) -> EngineCoreOutputs:
+        return self.decoder.decode(await self.output.recv(copy=False))
+
+    def shutdown(self) -> None:
+        try:  # a plain socket's send: the asyncio one would hand its error to a future
+            zmq.Socket.shadow(self.input.underlying).send_multipart(
+                (RequestType.SHUTDOWN.value, b""), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the core is gone, or never connected: stop() ends it either way
+        self.core.stop()
+        self.ctx.destroy(linger=0)
+
+
+def core_in_thread(core, clients: int = 1) -> CoreProcess:
+    """An engine core already built in this process, stepped by a thread of
+    its own behind the same sockets (tests: they reach into the core)."""
+    proc = CoreProcess(str(core.path), "", {}, clients)
+    ctx = zmq.Context.instance()
+
+    def main():
+        from engine.core.engine_core_proc import connect_outputs
+
+        outputs = connect_outputs(ctx, proc.addresses)
+        c = core.engine_config
+        ready = EngineCoreReady(core.max_model_len, c.num_blocks, c.block_size,
+                                str(core.dtype).replace("torch.", ""),
+                                c.max_num_batched_tokens, 0.0)
+        for sock in outputs:
+            sock.send(msgspec.msgpack.encode(ready))
+        loop = EngineCoreProc(core, ctx, proc.addresses, outputs)
+        try:
+            loop.run_busy_loop()
+        except Exception:  # noqa: BLE001 - the front end was told (engine_dead)
+            pass
+        finally:
+            loop.input.close(linger=0)
+            for sock in outputs:
+                sock.close(linger=1000)
+
+    proc.thread = threading.Thread(target=main, name="EngineCore", daemon=True)
+    proc.thread.start()
+    time.sleep(0)
+    return proc

@@ -26,6 +26,7 @@ from pathlib import Path  # noqa: E402
 from benchmarks.common import Targets, add_check_argument  # noqa: E402
 from benchmarks.models import make_model  # noqa: E402
 from engine.entrypoints.llm import LLM  # noqa: E402
+from engine.core.messages import EngineCoreRequest  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 ONE = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -63,26 +64,25 @@ def longest_gap(model: Path, chunked: bool, budget: int | None) -> tuple[float, 
     engine = llm(model, enable_chunked_prefill=chunked, enable_prefix_caching=False,
                  max_num_batched_tokens=budget if chunked else None)
     core = engine.core
-    core.add(core.make_sequence("warm", words(64, 5), ONE))
+    core.add_request(EngineCoreRequest("warm", words(64, 5), ONE))
     while core.has_unfinished():
         core.step()
-    stream = core.make_sequence("stream", words(16, 6), SamplingParams(
-        temperature=0, max_tokens=10_000, ignore_eos=True))
-    core.add(stream)
+    core.add_request(EngineCoreRequest("stream", words(16, 6), SamplingParams(
+        temperature=0, max_tokens=10_000, ignore_eos=True)))
     core.step()
-    long = core.make_sequence("long", words(3000, 7), ONE)
-    core.add(long)
+    core.add_request(EngineCoreRequest("long", words(3000, 7), ONE))
     last, gap, t0 = time.perf_counter(), 0.0, time.perf_counter()
     prefill = None
+    got_stream = False
     while prefill is None or not got_stream:  # to the stream's first token after the prompt's
-        got = core.step()
+        got = {o.request_id: o for o in core.step().outputs}
         now = time.perf_counter()
-        got_stream = stream in got
+        got_stream = "stream" in got
         if got_stream:
             gap, last = max(gap, now - last), now
-        if prefill is None and long.finish_reason is not None:
+        if prefill is None and "long" in got and got["long"].finish_reason is not None:
             prefill = now - t0
-    core.abort("stream")
+    core.abort_requests(["stream"])
     budget = core.scheduler.max_num_batched_tokens
     print(f"chunked prefill {f'on (budget {budget})' if chunked else 'off'}: 3000-token prompt {prefill:.2f} s, "
           f"longest gap of a running stream {gap:.3f} s")

@@ -306,7 +306,8 @@ def async_llm_in_process(model: Path, max_waiting: int | None = None, core=None,
     process, stepped by a thread (engine.core.core_client.core_in_thread)."""
     from engine.core.async_llm import AsyncLLM
     from engine.core.core_client import AsyncMPClient, core_in_thread
-    from engine.core.engine_core import EngineCore, load_tokenizer
+    from engine.core.engine_core import EngineCore
+    from engine.core.input_processor import load_tokenizer
     from engine.entrypoints.openai.metrics import Metrics
 
     engine_args = {"block_size": 32, "num_kv_blocks": 32, "max_model_len": 256,

@@ -97,11 +97,3 @@ class EngineCore:
         if shutdown is not None:
             shutdown()
 
-
-def load_tokenizer(path):
-    from tokenizers import Tokenizer
-
-    file = path / "tokenizer.json"
-    if not file.is_file():
-        raise ValueError(f"{path} has no tokenizer.json")
-    return Tokenizer.from_file(str(file))

@@ -14,6 +14,16 @@ from engine.sampling_params import SamplingParams
 OFFLOAD_CHARS = 16_384
 
 
+def load_tokenizer(path):
+    """The checkpoint's tokenizer.json (ValueError when it has none)."""
+    from tokenizers import Tokenizer
+
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        raise ValueError(f"{path} has no tokenizer.json")
+    return Tokenizer.from_file(str(file))
+
+
 class InputProcessor:
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int):
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len

@@ -12,8 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
-from engine.core.engine_core import load_tokenizer
-from engine.core.input_processor import InputProcessor
+from engine.core.input_processor import InputProcessor, load_tokenizer
 from engine.core.output_processor import OutputProcessor, RequestState
 from engine.executor.data_parallel import engine_core
 from engine.sampling_params import SamplingParams, with_model_defaults

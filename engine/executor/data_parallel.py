@@ -1,5 +1,5 @@
 """Data parallel (-dp N, data_parallel_size): N whole engine replicas, each a
-process of its own (engine.worker.dp_worker) with its scheduler, KV cache and
+process of its own (engine.executor.dp_replica) with its scheduler, KV cache and
 tensor-parallel ranks, behind one front that tokenizes, checks and balances.
 
 DPEngineCore is what EngineCore is to the offline LLM and the engine core
@@ -25,7 +25,7 @@ from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, Scheduler
 from engine.distributed.parallel_state import RankDiedError, replica_bindings
 from engine.engine_args import create_engine_config
 from engine.executor.multiproc_executor import _main_not_rerun
-from engine.worker import dp_worker
+from engine.executor import dp_replica
 
 logger = logging.getLogger("engine")
 
@@ -64,7 +64,7 @@ class DPEngineCore:
             for rank in range(dp):
                 parent, child = ctx.Pipe()
                 # not a daemon: a replica with -tp > 1 starts processes of its own
-                proc = ctx.Process(target=dp_worker.replica_main, name=f"dp-rank-{rank}",
+                proc = ctx.Process(target=dp_replica.replica_main, name=f"dp-rank-{rank}",
                                    args=(rank, str(c.path), dtype, engine_args, child))
                 with _main_not_rerun():
                     proc.start()
@@ -170,7 +170,7 @@ class DPEngineCore:
         """Wait for the replicas' next messages (or for one to die)."""
         sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
         while not self._pending:
-            ready = wait(self.conns + list(sentinels), timeout=dp_worker.HEALTH_POLL_S)
+            ready = wait(self.conns + list(sentinels), timeout=dp_replica.HEALTH_POLL_S)
             for rank, conn in enumerate(self.conns):
                 while conn.poll(0):
                     try:

@@ -24,7 +24,7 @@ from engine.distributed import parallel_state
 from engine.distributed.parallel_state import (DistInit, RankDiedError, free_port,
                                                replica_bindings)
 from engine.engine_args import EngineConfig
-from engine.executor.uniproc_executor import build_runner
+from engine.worker.cpu_worker import build_runner
 from engine.platforms import cpu_binding, cpu_preload
 from engine.worker import tp_worker
 from engine.worker.model_runner import sample_step

@@ -50,7 +50,7 @@ class RankActor:
 
     def load(self, dist) -> None:
         from engine.distributed import parallel_state
-        from engine.executor.uniproc_executor import build_runner
+        from engine.worker.cpu_worker import build_runner
 
         parallel_state.init(self.rank, dist)
         self.runner = build_runner(self.config, BlockManager(self.config.num_blocks,

@@ -40,7 +40,7 @@ def worker_main(rank: int, config: EngineConfig, binding: Binding | None, dist: 
 
 def start(rank: int, config: EngineConfig, binding: Binding | None, dist: DistInit, conn):
     from engine.core.kv_cache_manager import BlockManager
-    from engine.executor.uniproc_executor import build_runner
+    from engine.worker.cpu_worker import build_runner
     from engine.platforms import cpu_binding
 
     if binding is not None:

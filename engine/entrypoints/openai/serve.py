@@ -13,6 +13,7 @@ import time
 
 logger = logging.getLogger("engine")
 
+STOP_POLL_S = 0.05
 DEAD_GRACE_S = 2.0  # /health answers 503 this long after the core died, then the server exits
 GRACEFUL_S = 2  # uvicorn's wait for open responses on SIGTERM (the core then has STOP_GRACE_S)
 
@@ -23,7 +24,7 @@ def serve(args) -> int:
     from engine.config import ModelConfig
     from engine.core.async_llm import AsyncLLM, start_engine
     from engine.core.core_client import EngineCoreStartError, Interrupted
-    from engine.core.engine_core import load_tokenizer
+    from engine.core.input_processor import load_tokenizer
     from engine.engine_args import cli_engine_args
     from engine.entrypoints import chat_utils
     from engine.entrypoints.openai.api_server import ServerState, build_app
@@ -113,16 +114,25 @@ async def _serve(server, llm, listener: socket.socket) -> int:
     loop = asyncio.get_running_loop()
     llm.start(on_dead=lambda line: loop.call_later(DEAD_GRACE_S, setattr, server,
                                                    "should_exit", True))
+    said = asyncio.ensure_future(_say_what_stops(server, llm))
     try:
         await server.serve(sockets=[listener])
     except SystemExit:  # uvicorn exits (3) when it cannot bind; it logged why
         return 1
     finally:
-        running = llm.num_requests()
-        if running and llm.dead is None:
-            logger.info("stopping: %d requests were still running; they end here", running)
+        said.cancel()
         llm.shutdown()
     if llm.dead is not None and not llm.stopped_cleanly:
         print(f"error: the engine stopped: {llm.dead}", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+async def _say_what_stops(server, llm) -> None:
+    """When the server is asked to stop (SIGTERM, Ctrl-C), one line on what
+    was still running: uvicorn then gives open responses GRACEFUL_S."""
+    while not server.should_exit:
+        await asyncio.sleep(STOP_POLL_S)
+    if llm.dead is None:
+        logger.info("stopping: %d requests were still running; they have %d s to end",
+                    llm.num_requests(), GRACEFUL_S)

@@ -110,6 +110,12 @@ def _serve_parser(sub) -> None:
     parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: MODEL as given)")
+    s.add_argument("--api-server-count", type=_positive, default=1, metavar="N",
+                   help="API server processes (HTTP, tokenization, detokenization) sharing "
+                   "the port and the one engine core (default 1)")
+    s.add_argument("--max-request-body-bytes", type=_positive, default=None, metavar="N",
+                   help="a larger request body is answered 413 before it is read (default: "
+                   "sized for the model's context, at least 1 MiB)")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $VLLM_API_KEY)")
     s.add_argument("--stream-interval", default="auto", metavar="N|auto",

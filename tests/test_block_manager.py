@@ -13,7 +13,7 @@ BS = 16
 
 
 def seq(tokens) -> Sequence:
-    return Sequence(list(tokens), SamplingParams(), None, 0)
+    return Sequence(list(tokens), SamplingParams())
 
 
 def run(bm: BlockManager, s: Sequence, n: int | None = None) -> list[int]:
@@ -257,18 +257,26 @@ def test_every_row_a_sequence_reads_holds_its_token(ops):
 
 
 def test_prefix_cache_counters_reach_the_metrics():
+    """The block manager's totals, in the SchedulerStats each step's output
+    carries from the core (msgpack), reach the server's counters once."""
     from types import SimpleNamespace
 
+    import msgspec
+
+    from engine.core.engine_core import EngineCore
+    from engine.core.messages import SchedulerStats
     from engine.entrypoints.openai.metrics import Metrics
 
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
-    core = SimpleNamespace(blocks=bm, scheduler=SimpleNamespace(running=[], waiting=[]))
+    core = SimpleNamespace(blocks=bm, scheduler=SimpleNamespace(running=[], waiting=[],
+                                                                num_preemptions=0))
     m = Metrics("tiny")
     tokens = list(range(2 * BS + 1))
     for _ in range(2):
         s = seq(tokens)
         bm.count_lookup(s, len(run(bm, s)) * BS)
-        m.on_step(core)
+        stats = EngineCore.make_stats(core)  # as the core sends it, step by step
+        m.on_stats(msgspec.msgpack.decode(msgspec.msgpack.encode(stats), type=SchedulerStats))
     text = m.render().decode()
     assert f'vllm:prefix_cache_queries_total{{model_name="tiny"}} {2.0 * len(tokens)}' in text
     assert f'vllm:prefix_cache_hits_total{{model_name="tiny"}} {2.0 * BS}' in text

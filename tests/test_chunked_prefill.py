@@ -10,6 +10,7 @@ import pytest
 from helpers import make_checkpoint
 from test_engine import hf_greedy
 
+from engine.core.messages import EngineCoreRequest
 from engine.entrypoints.llm import LLM
 from engine.sampling_params import SamplingParams
 
@@ -67,9 +68,9 @@ def test_prefix_hit_across_calls_skips_the_prefix(model, prompts, expected):
     seqs_run = llm.core.scheduler.schedule  # record what the second call's first step runs
 
     def spy():
-        batch, prefill = seqs_run()
-        computed.extend((s.num_computed_tokens, s.num_scheduled_tokens) for s in batch)
-        return batch, prefill
+        out = seqs_run()
+        computed.extend((s.num_computed_tokens, s.num_scheduled_tokens) for s in out.scheduled)
+        return out
 
     llm.core.scheduler.schedule = spy
     (out,) = llm.generate(prompts[1:2], GREEDY)
@@ -90,11 +91,13 @@ def test_greedy_ids_match_transformers_under_preemption(model, prompts, expected
 def test_an_aborted_request_gives_its_blocks_back(model, prompts):
     llm = make(model, True, True)
     core = llm.core
-    seq = core.make_sequence("a", prompts[3], GREEDY)
-    core.add(seq)
-    core.step()  # a first chunk: blocks held, no token yet
+    core.add_request(EngineCoreRequest("a", prompts[3], GREEDY))
+    seq = core.requests["a"]
+    assert core.step().outputs == []  # a first chunk: blocks held, no token yet
     assert seq.num_computed_tokens == 48 and seq.num_output_tokens == 0
-    assert core.abort("a")
+    assert core.blocks.num_free < core.blocks.num_blocks
+    core.abort_requests(["a"])
+    assert "a" not in core.requests and not core.has_unfinished()
     assert core.blocks.num_free == core.blocks.num_blocks and sum(core.blocks.ref) == 0
 
 
@@ -112,10 +115,11 @@ def test_a_part_of_a_block_is_copied_not_recomputed(model):
     schedule, execute = llm.core.scheduler.schedule, llm.core.executor.execute_model
 
     def spy():
-        batch, prefill = schedule()
-        computed.extend(s.num_computed_tokens for s in batch if s.num_scheduled_tokens > 1)
-        copies.extend(s.kv_copy for s in batch if s.kv_copy)
-        return batch, prefill
+        out = schedule()
+        computed.extend(s.num_computed_tokens for s in out.scheduled
+                        if s.num_scheduled_tokens > 1)
+        copies.extend(s.kv_copy for s in out.scheduled if s.kv_copy)
+        return out
 
     llm.core.scheduler.schedule = spy
     (out,) = llm.generate([second], GREEDY)

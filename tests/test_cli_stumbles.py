@@ -40,9 +40,9 @@ def _app(api_key=None):
 
     from engine.entrypoints.openai.api_server import build_app
 
-    core = types.SimpleNamespace(tokenizer=None, config=types.SimpleNamespace(vocab_size=8))
-    state = types.SimpleNamespace(api_key=api_key, llm=types.SimpleNamespace(core=core),
-                                  metrics=None, model_names=["m"])
+    llm = types.SimpleNamespace(tokenizer=None, model_config=types.SimpleNamespace(vocab_size=8),
+                                dead=None)
+    state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=None, model_names=["m"])
     return TestClient(build_app(state))
 
 

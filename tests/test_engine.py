@@ -168,15 +168,17 @@ def test_every_step_within_batch_bounds(checkpoints, max_num_seqs, max_num_batch
     schedule = llm.core.scheduler.schedule
 
     def spy():
-        seqs, is_prefill = schedule()
-        steps.append((len(seqs), sum(s.num_scheduled_tokens for s in seqs)))
-        return seqs, is_prefill
+        out = schedule()
+        steps.append((len(out.scheduled), out.num_scheduled_tokens))
+        return out
 
     llm.core.scheduler.schedule = spy
     ref = make_llm(checkpoints["llama"])
     p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS * 2, p)] == \
         [o.outputs[0].token_ids for o in ref.generate(PROMPTS * 2, p)]
+    # the step's tokens as the SchedulerOutput names them, read when it is made
+    steps = [(n, sum(tokens.values())) for n, tokens in steps]
     assert max(n for n, _ in steps) == max_num_seqs  # the bounds were reached...
     assert max(t for _, t in steps) > max_num_batched_tokens * 3 // 4
     for n, tokens in steps:  # ...and never passed
@@ -216,10 +218,10 @@ def test_seeded_generator_lives_on_the_logits_device(checkpoints, monkeypatch):
     monkeypatch.setattr(Sequence, "generator", spy)
     llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, seed=3, max_tokens=3))
     assert devices and set(devices) == {llm.core.executor.runner.device}
-    seq = Sequence([1, 2], SamplingParams(seed=1), None, 0)
+    seq = Sequence([1, 2], SamplingParams(seed=1))
     g = seq.generator(torch.device("cpu"))
     assert g.device.type == "cpu" and seq.generator(torch.device("cpu")) is g
-    assert Sequence([1], SamplingParams(), None, 0).generator(torch.device("cpu")) is None
+    assert Sequence([1], SamplingParams()).generator(torch.device("cpu")) is None
 
 
 def test_sampling_seed_top_k_top_p_and_stops(checkpoints):
@@ -250,9 +252,14 @@ def test_eos_stops_unless_ignored(checkpoints):
     llm = make_llm(checkpoints["llama"])
     greedy = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30,
                                                      ignore_eos=True))[0].outputs[0].token_ids
-    llm.core.config = llm.core.config.__class__(**{**llm.core.config.__dict__, "eos_token_ids": (greedy[4],)})
+    # the core's scheduler checks the checkpoint's end-of-sequence ids: make greedy[4] one
+    assert llm.core.scheduler.eos_token_ids == tuple(llm.core.config.eos_token_ids)
+    llm.core.scheduler.eos_token_ids = (greedy[4],)
     out = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30))[0].outputs[0]
     assert out.token_ids == greedy[:greedy.index(greedy[4]) + 1] and out.finish_reason == "stop"
+    ignored = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30,
+                                                      ignore_eos=True))[0].outputs[0]
+    assert ignored.token_ids == greedy and ignored.finish_reason == "length"
 
 
 def test_sampling_params_validation():
@@ -320,10 +327,10 @@ def test_zentorch_weight_prepack_on_amd_zen(checkpoints, monkeypatch, value, wan
     """Upstream's VLLM_ZENTORCH_WEIGHT_PREPACK: on the zen_cpu platform `0` keeps
     torch's plain weights; `1` (the default) lays them out as the engine decides."""
     from engine import platforms
-    from engine.executor import uniproc_executor
     from engine.platforms.cpu_features import PLAIN
+    from engine.worker import cpu_worker
 
-    monkeypatch.setattr(uniproc_executor, "current_platform", platforms.ZenCpuPlatform)
+    monkeypatch.setattr(cpu_worker, "current_platform", platforms.ZenCpuPlatform)
     if value is None:
         monkeypatch.delenv("VLLM_ZENTORCH_WEIGHT_PREPACK", raising=False)
     else:

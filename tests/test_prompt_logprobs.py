@@ -54,6 +54,7 @@ def _check(got, want):
 
 def test_engine_scores_the_prompt_over_chunks_and_beside_the_prefix_cache(tiny, reference):
     from engine.core.engine_core import EngineCore
+    from engine.core.messages import EngineCoreRequest
     from engine.sampling_params import SamplingParams
 
     ids, want = reference
@@ -61,26 +62,38 @@ def test_engine_scores_the_prompt_over_chunks_and_beside_the_prefix_cache(tiny, 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=32, max_model_len=256,
                       bind_threads=False, max_num_seqs=4, max_num_batched_tokens=16)
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=K)
-    plain = core.make_sequence("plain", ids, SamplingParams(temperature=0, max_tokens=2))
-    core.add(plain)  # fills the prefix cache with the prompt's first block
-    while core.has_unfinished():
-        core.step()
-    scored = [core.make_sequence(f"s{i}", ids, params) for i in range(2)]
-    for s in scored:
-        core.add(s)
-    while core.has_unfinished():
-        core.step()
+    outputs: dict[str, list] = {}
+
+    def run(*requests):
+        for r in requests:
+            core.add_request(r)
+        seqs = [core.requests[r.request_id] for r in requests]
+        while core.has_unfinished():
+            for o in core.step().outputs:
+                outputs.setdefault(o.request_id, []).append(o)
+        return seqs
+
+    # fills the prefix cache with the prompt's first block
+    (plain,) = run(EngineCoreRequest("plain", ids, SamplingParams(temperature=0, max_tokens=2)))
+    scored = run(*[EngineCoreRequest(f"s{i}", ids, params) for i in range(2)])
     for s in scored:  # the cached prefix is not used: its logits are needed
         _check(s.prompt_logprobs, want)
         assert s.output_token_ids == plain.output_token_ids
+        # the front end hears of them once, with the first token
+        first, *rest = outputs[s.request_id]
+        _check(first.prompt_logprobs, want)
+        assert all(o.prompt_logprobs is None for o in rest)
+        assert [t for o in outputs[s.request_id] for t in o.new_token_ids] == \
+            s.output_token_ids
     assert plain.prompt_logprobs == []
+    assert all(o.prompt_logprobs is None for o in outputs["plain"])
 
 
 def test_a_recomputed_sequence_scores_its_prompt_once():
     from engine.core.sequence import Sequence
     from engine.sampling_params import SamplingParams
 
-    s = Sequence(list(range(10)), SamplingParams(prompt_logprobs=0), None, 0)
+    s = Sequence(list(range(10)), SamplingParams(prompt_logprobs=0))
     s.num_scheduled_tokens = 6
     assert s.prompt_logprob_positions == range(0, 6)
     s.prompt_logprobs = [(0.0, 1, [])] * 6

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.core.kv_cache_manager import BlockManager
-from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.sequence import RequestStatus, Sequence
 from engine.engine_args import batch_bounds, prefix_reading
 from engine.sampling_params import SamplingParams
 
@@ -14,20 +14,26 @@ BS = 16
 
 
 def seq(n: int, first: int = 0) -> Sequence:
-    return Sequence(list(range(first, first + n)), SamplingParams(), None, 0)
+    # no budget ends these sequences (the scheduler has no eos ids): only the tests do
+    return Sequence(list(range(first, first + n)), SamplingParams(max_tokens=10_000))
+
+
+def run_step(sched: Scheduler) -> tuple[SchedulerOutput, list[tuple[Sequence, int, bool]]]:
+    """One step as EngineCore runs it (schedule, then update_from_output), with
+    token 1 for every sampling sequence: the SchedulerOutput and, per scheduled
+    sequence, (it, its scheduled tokens, whether it sampled)."""
+    out = sched.schedule()
+    rows = [(s, s.num_scheduled_tokens, s.samples) for s in out.scheduled]
+    assert out.sampled == [s for s, _, sampled in rows if sampled]
+    assert out.num_scheduled_tokens == {s.request_id: n for s, n, _ in rows}
+    outputs = sched.update_from_output(out, [1] * len(out.sampled))
+    assert [(o.request_id, o.new_token_ids) for o in outputs] == \
+        [(s.request_id, [1]) for s in out.sampled]
+    return out, rows
 
 
 def step(sched: Scheduler) -> list[tuple[Sequence, int, bool]]:
-    """One step as EngineCore runs it, with token 1 for every sampling sequence."""
-    batch, _ = sched.schedule()
-    out = [(s, s.num_scheduled_tokens, s.samples) for s in batch]
-    for s in batch:
-        sampled = s.samples
-        s.num_computed_tokens += s.num_scheduled_tokens
-        sched.blocks.cache_full_blocks(s)
-        if sampled:
-            s.token_ids.append(1)
-    return out
+    return run_step(sched)[1]
 
 
 def test_decodes_go_first_and_chunks_fill_the_budget():
@@ -76,12 +82,12 @@ def test_a_cached_prefix_is_skipped():
     a = seq(50)
     sched.add(a)
     step(sched)
-    b = Sequence(list(range(40)) + [7, 7], SamplingParams(), None, 0)
+    b = Sequence(list(range(40)) + [7, 7], SamplingParams(max_tokens=10_000))
     sched.add(b)
     assert step(sched) == [(a, 1, True), (b, 42 - 32, True)]  # two blocks of 16 hit
     assert b.block_table[:2] == a.block_table[:2]
     assert (bm.prefix_queries, bm.prefix_hits) == (50 + 42, 32)
-    whole = Sequence(list(range(32)), SamplingParams(), None, 0)
+    whole = Sequence(list(range(32)), SamplingParams(max_tokens=10_000))
     sched.add(whole)  # all of it cached: the last block is recomputed for its logits
     assert step(sched)[-1] == (whole, 16, True)
 
@@ -97,12 +103,15 @@ def test_preemption_frees_the_newest_and_recomputes_it():
         assert step(sched) == [(a, 1, True), (b, 1, True)]
     assert len(a) == len(b) == 33
     # both now need a third block for their 33rd token's K/V: b, the newest, is preempted
-    assert step(sched) == [(a, 1, True)]
+    out, rows = run_step(sched)
+    assert rows == [(a, 1, True)] and out.preempted_req_ids == [b.request_id]
     assert sched.num_preemptions == 1 and b in sched.waiting and b.block_table == []
-    assert b.num_computed_tokens == 0
-    a.params.max_tokens = 0
-    sched.finish(a, "length")
-    assert step(sched) == [(b, 33, True)]  # recomputed with its sampled tokens
+    assert b.num_computed_tokens == 0 and b.status == RequestStatus.PREEMPTED
+    sched.finish(a, RequestStatus.FINISHED_LENGTH_CAPPED)
+    assert a.finish_reason == "length" and a.block_table == [] and a not in sched.running
+    out, rows = run_step(sched)
+    assert rows == [(b, 33, True)] and out.is_prefill  # recomputed with its sampled tokens
+    assert out.preempted_req_ids == [] and b.status == RequestStatus.RUNNING
 
 
 @pytest.mark.parametrize("chunked", [True, False])
@@ -119,7 +128,7 @@ def test_admission_leaves_the_running_their_next_block(chunked):
     for _ in range(5):
         assert step(sched) == [(a, 1, True)]
     assert b in sched.waiting and sched.num_preemptions == 0
-    sched.finish(a, "length")
+    sched.finish(a, RequestStatus.FINISHED_LENGTH_CAPPED)
     assert step(sched) == [(b, 32, True)]
 
 

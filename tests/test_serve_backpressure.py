@@ -1,7 +1,8 @@
 """Backpressure: the waiting queue has a bound (--max-waiting-queue-length);
 a request past it is a 503 with Retry-After, one that could never fit is a
 400 naming n or the prompt list. The app in process, over ASGI, on the tiny
-model: the engine loop is held back so requests pile up, then let go."""
+model: the engine client does not read the core's outputs at first, so no
+request hears of its first token and they pile up as waiting, then let go."""
 from __future__ import annotations
 
 import asyncio
@@ -31,13 +32,14 @@ def test_a_full_waiting_queue_answers_503_with_retry_after(tiny):
                     for _ in range(2)]
             held.append(asyncio.ensure_future(
                 c.post("/v1/completions", json={**body, "stream": True})))
-            while llm.num_waiting() < 3:  # the loop is not stepping: they wait
+            # llm.run() does not read the core's outputs yet: no first token, they wait
+            while llm.num_waiting() < 3:
                 await asyncio.sleep(0.01)
             full = await c.post("/v1/completions", json=body)
             full_stream = await c.post("/v1/completions", json={**body, "stream": True})
             never = await c.post("/v1/completions", json={**body, "n": 4, "temperature": 1})
             many = await c.post("/v1/completions", json={**body, "prompt": ["a"] * 5})
-            run = asyncio.ensure_future(llm.run())  # now let the engine go
+            run = asyncio.ensure_future(llm.run())  # now hear the core's outputs
             answered = await asyncio.gather(*held)
             after = await c.post("/v1/completions", json=body)
             llm.shutdown()
@@ -57,25 +59,43 @@ def test_a_full_waiting_queue_answers_503_with_retry_after(tiny):
     assert [r.status_code for r in answered] == [200, 200, 200]
     assert answered[2].text.rstrip().endswith("data: [DONE]")
     assert after.status_code == 200
-    assert llm.num_waiting() == 0 and not llm.core.requests and not llm._unread
+    assert llm.num_waiting() == 0 and llm.num_requests() == 0 and not llm._unread
+    assert not llm.core.requests and not llm.core.has_unfinished()
     assert llm.core.blocks.num_free == llm.core.blocks.num_blocks
 
 
 def test_a_stream_never_read_is_released(tiny):
     """A streamed answer whose body never runs (its client left before it
     began) aborts its sequences: nothing stays queued or running."""
+    import threading
+
     from starlette.requests import ClientDisconnect
 
+    from engine.core.sequence import RequestStatus
     from engine.entrypoints.openai.serving_engine import sse
     from engine.sampling_params import SamplingParams
 
     app, llm = app_in_process(tiny, max_waiting=8)
     state = app.state.s
-    seqs = [llm.make_sequence("one two", SamplingParams(max_tokens=4))]
+    core = llm.core
+    # the core's first step waits until the abort is on its way: the request
+    # cannot have finished by itself (the core is idle until a request comes)
+    gate, execute = threading.Event(), core.executor.execute_model
+
+    def held(seqs, is_prefill):
+        assert gate.wait(30)
+        return execute(seqs, is_prefill)
+
+    core.executor.execute_model = held
 
     async def main():
+        seqs = [await llm.make_request("one two", SamplingParams(max_tokens=200,
+                                                                  ignore_eos=True))]
         llm.add(seqs)
         assert llm.num_waiting() == 1
+        while seqs[0].request_id not in core.requests:
+            await asyncio.sleep(0.01)
+        in_core = core.requests[seqs[0].request_id]
 
         async def chunks():
             yield {}
@@ -90,10 +110,22 @@ def test_a_stream_never_read_is_released(tiny):
 
         with pytest.raises(ClientDisconnect):
             await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
-        return llm.num_waiting(), dict(llm._streams), dict(llm._unread)
+        front = llm.num_waiting(), llm.num_requests(), dict(llm.output.requests), set(llm._unread)
+        if llm._abort_task is not None:
+            await llm._abort_task  # the abort reaches the core's socket
+        gate.set()
+        for _ in range(500):  # the core reads it after the step under way
+            if not core.has_unfinished():
+                break
+            await asyncio.sleep(0.01)
+        llm.shutdown()
+        return front, in_core
 
-    waiting, streams, unread = asyncio.run(main())
-    assert (waiting, streams, unread) == (0, {}, {})  # aborted before the loop ever ran it
+    front, in_core = asyncio.run(main())
+    assert front == (0, 0, {}, set())  # released before anything read it
+    assert in_core.status == RequestStatus.FINISHED_ABORTED and in_core.num_output_tokens <= 1
+    assert not core.requests and not core.has_unfinished()
+    assert core.blocks.num_free == core.blocks.num_blocks
 
 
 def test_the_flag_is_checked_before_loading(capsys):

@@ -140,12 +140,17 @@ def test_cli_reports_a_missing_model_in_one_line(capsys, tmp_path, monkeypatch):
 
 
 def test_cli_refuses_a_bad_stream_interval_before_loading(capsys, monkeypatch):
+    import engine.core.async_llm
     import engine.core.engine_core
+    import engine.model_source
     from engine.cli import main
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the flag was checked")
 
+    # the server starts the core process (start_engine) once it found the model
+    monkeypatch.setattr(engine.model_source, "resolve_model", no_load)
+    monkeypatch.setattr(engine.core.async_llm, "start_engine", no_load)
     monkeypatch.setattr(engine.core.engine_core, "EngineCore", no_load)
     assert main(["serve", "some/model", "--stream-interval", "0"]) == 2
     err = capsys.readouterr().err
@@ -167,64 +172,135 @@ def test_help_does_not_import_the_server_stack():
 # ---- the live loop ---------------------------------------------------------------
 
 
+class StepGate:
+    """Paces an in-thread engine core (tests/helpers.py's async_llm_in_process):
+    each step waits for a permit (allow()), until open() lets it run free;
+    steps records each step's thread and outputs (request id, new token ids)."""
+
+    def __init__(self, core):
+        import threading
+
+        self.sem, self.free = threading.Semaphore(0), threading.Event()
+        self.steps: list[tuple[int, list[tuple[str, list[int]]]]] = []
+        step = core.step
+
+        def gated():
+            while not self.free.is_set() and not self.sem.acquire(timeout=0.01):
+                pass
+            out = step()
+            self.steps.append((threading.get_ident(),
+                               [(o.request_id, list(o.new_token_ids)) for o in out.outputs]))
+            return out
+
+        core.step = gated  # the core's thread calls it only once a request came
+
+    def allow(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.sem.release()
+
+    def open(self) -> None:
+        self.free.set()
+
+
+def _offline(core, prompts, params, tokenizer) -> list[list[int]]:
+    """Each prompt's output ids, from the core stepped here (before its thread starts)."""
+    from engine.core.messages import EngineCoreRequest
+
+    got: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        core.add_request(EngineCoreRequest(f"off-{i}", tokenizer.encode(p).ids, params))
+        got[f"off-{i}"] = []
+    while core.has_unfinished():
+        for o in core.step().outputs:
+            got[o.request_id] += o.new_token_ids
+    return [got[f"off-{i}"] for i in range(len(prompts))]
+
+
 def test_requests_join_leave_and_abort_between_steps(tiny):
     from engine.core.engine_core import EngineCore
+    from engine.core.input_processor import load_tokenizer
+    from engine.core.messages import EngineCoreRequest
+    from engine.core.sequence import RequestStatus
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
                       bind_threads=False)
+    ids = load_tokenizer(core.path).encode
     p = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
-    a = core.make_sequence("a", "one two three", p)
-    core.add(a)
+    core.add_request(EngineCoreRequest("a", ids("one two three").ids, p))
+    a = core.requests["a"]
+    assert [o.request_id for o in core.step().outputs] == ["a"]
     core.step()
-    core.step()
-    b = core.make_sequence("b", "four five", SamplingParams(temperature=0, max_tokens=3,
-                                                            ignore_eos=True))
-    core.add(b)  # joins while a runs
+    core.add_request(EngineCoreRequest("b", ids("four five").ids, SamplingParams(
+        temperature=0, max_tokens=3, ignore_eos=True)))  # joins while a runs
+    b = core.requests["b"]
     # chunked prefill: b's prefill joins a's decode in one step
-    assert [s.request_id for s in core.step()] == ["a", "b"]
-    assert {s.request_id for s in core.step()} == {"a", "b"}
-    core.step()
+    assert [o.request_id for o in core.step().outputs] == ["a", "b"]
+    assert {o.request_id for o in core.step().outputs} == {"a", "b"}
+    last = {o.request_id: o for o in core.step().outputs}
+    assert last["b"].finish_reason == "length" and last["a"].finish_reason is None
     assert b.finish_reason == "length" and b.num_output_tokens == 3
+    assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED and "b" not in core.requests
     assert [s.request_id for s in core.scheduler.running] == ["a"]  # b left
     used = core.blocks.num_blocks - core.blocks.num_free
     assert used == len(a.block_table) > 0
-    assert core.abort("a") and core.blocks.num_free == core.blocks.num_blocks
-    assert not core.has_unfinished() and a.finish_reason == "abort"
-    c = core.make_sequence("c", "x", p)
-    core.add(c)
+    core.abort_requests(["a"])
+    assert core.blocks.num_free == core.blocks.num_blocks
+    assert not core.has_unfinished() and a.finish_reason == "abort" and not core.requests
+    core.add_request(EngineCoreRequest("c", ids("x").ids, p))
     with pytest.raises(ValueError, match="already running"):
-        core.add(core.make_sequence("c", "y", p))
+        core.add_request(EngineCoreRequest("c", ids("y").ids, p))
 
 
 def test_async_llm_closing_a_stream_aborts_it(tiny):
-    from engine.core.async_llm import AsyncLLM
-    from engine.core.engine_core import EngineCore
+    from helpers import async_llm_in_process
+
+    from engine.core.sequence import RequestStatus
     from engine.sampling_params import SamplingParams
 
-    core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
-                      bind_threads=False)
-    llm = AsyncLLM(core)
+    llm = async_llm_in_process(tiny, block_size=32, num_kv_blocks=16, max_model_len=256)
+    core = llm.core
+    gate = StepGate(core)  # one step per permit: the core cannot finish it meanwhile
 
     async def run():
-        steps = asyncio.ensure_future(llm.run())
-        seq = llm.make_sequence("one two", SamplingParams(temperature=0, max_tokens=200,
-                                                          ignore_eos=True))
-        gen = llm.generate(seq)
-        got = [await gen.__anext__() for _ in range(3)]
-        await gen.aclose()  # the caller went away
-        short = llm.make_sequence("one two", SamplingParams(temperature=0, max_tokens=4,
-                                                            ignore_eos=True))
-        tail = [u async for u in llm.generate(short)]
-        llm.shutdown()
-        await asyncio.wait_for(steps, 30)
-        return seq, got, tail
+        reader = asyncio.ensure_future(llm.run())
+        try:
+            state = await llm.make_request("one two", SamplingParams(
+                temperature=0, max_tokens=200, ignore_eos=True))
+            gen = llm.generate(state)
+            got = []
+            for _ in range(3):
+                gate.allow()
+                got.append(await asyncio.wait_for(gen.__anext__(), 30))
+            in_core = core.requests[state.request_id]
+            await gen.aclose()  # the caller went away
+            assert llm.num_requests() == 0
+            if llm._abort_task is not None:
+                await llm._abort_task  # the abort is on its way to the core
+            gate.open()
+            short = await llm.make_request("one two", SamplingParams(
+                temperature=0, max_tokens=4, ignore_eos=True))
+            tail = [u async for u in llm.generate(short)]
+            for _ in range(500):
+                if not core.has_unfinished():
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            gate.open()
+            llm.shutdown()
+        await asyncio.wait_for(reader, 30)
+        return in_core, got, tail
 
-    seq, got, tail = asyncio.run(run())
+    in_core, got, tail = asyncio.run(run())
     assert all(len(u.new_token_ids) == 1 for u in got)
-    assert seq.finish_reason == "abort" and seq.num_output_tokens < 200
-    assert [u.finish_reason for u in tail] == [None, None, None, "length"]
+    assert in_core.status == RequestStatus.FINISHED_ABORTED and in_core.finish_reason == "abort"
+    assert in_core.num_output_tokens < 200
+    tail_ids = [t for u in tail for t in u.new_token_ids]
+    # the same prompt, greedy: the aborted request's first tokens
+    assert len(tail_ids) == 4 and tail_ids[:3] == [t for u in got for t in u.new_token_ids]
+    assert [u.finish_reason for u in tail] == [None] * (len(tail) - 1) + ["length"]
     assert core.blocks.num_free == core.blocks.num_blocks and not core.has_unfinished()
+    assert not core.requests
 
 
 def _byte_level_tokenizer():
@@ -240,37 +316,55 @@ def _byte_level_tokenizer():
     return tok
 
 
+@pytest.mark.parametrize("stop", [(), ("zq no such stop",)], ids=["no-stop", "stop-held-back"])
 @pytest.mark.parametrize("tokenizer", ["byte-level", "tiny"])
-def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer):
-    """The server decodes each token incrementally; what it streams, joined, is
-    the whole output decoded at once, and no piece ends in half a character."""
+def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer, stop):
+    """The front end decodes each token incrementally (its OutputProcessor, one
+    detokenizer per request); what it streams, joined, is the whole output
+    decoded at once, and no piece ends in half a character; a stop string that
+    never matches holds the stream's tail back only until the end."""
     from hypothesis import assume, given, settings
     from hypothesis import strategies as st
     from tokenizers import Tokenizer
 
-    from engine.core.async_llm import RequestUpdate
-    from engine.entrypoints.openai.serving_engine import StreamedText as _Text
+    from engine.core.detokenizer import output_text
+    from engine.core.messages import EngineCoreOutput
+    from engine.core.output_processor import OutputProcessor, RequestState
     from engine.sampling_params import SamplingParams
 
     tok = (_byte_level_tokenizer() if tokenizer == "byte-level"
            else Tokenizer.from_file(str(tiny / "tokenizer.json")))
-    from engine.core.detokenizer import output_text
 
     ids_of = st.lists(st.integers(0, tok.get_vocab_size() - 1), min_size=1, max_size=40)
+
+    class Updates(list):  # the reader's queue
+        put_nowait = list.append
 
     @settings(max_examples=100, deadline=None)
     @given(ids_of, ids_of)
     def check(prompt, ids):
         # a prompt of ids that ends inside a character: its broken tail is the prompt's
         assume("\ufffd" not in tok.decode(prompt))
-        seq = type("Seq", (), {"params": SamplingParams(max_tokens=64), "token_ids": prompt,
-                               "num_prompt_tokens": len(prompt)})()
-        text = _Text(tok, seq)
-        pieces = [text.add(RequestUpdate([i])) for i in ids[:-1]]
+        state = RequestState("r", None, prompt, SamplingParams(max_tokens=64, stop=list(stop)),
+                             0, tok)
+        state.queue = updates = Updates()
+        out = OutputProcessor()
+        out.add(state)
+        for i in ids[:-1]:
+            assert out.process_outputs([EngineCoreOutput("r", [i])]) == []
+        assert out.process_outputs([EngineCoreOutput("r", [ids[-1]], finish_reason="length")]) \
+            == []
+        pieces = [u.text for u in updates]
+        assert len(updates) == len(ids) and [u.new_token_ids for u in updates] == \
+            [[i] for i in ids]
         whole = output_text(tok, prompt, ids)
-        pieces.append(text.add(RequestUpdate([ids[-1]], "length", whole)))
-        assert "".join(pieces) == whole
-        assert not any(p.endswith("\ufffd") for p in pieces[:-1])
+        assert state.text == whole and state.finish_reason == "length"
+        assert updates[-1].finish_reason == "length" and not out.has_unfinished()
+        assert "".join(pieces) == whole  # nothing streamed is ever taken back
+        if not stop:  # each piece is what the decode stream gave: never half a character
+            assert not any(p.endswith("\ufffd") for p in pieces[:-1])
+        # (held back for a stop string, a cut may fall after a replacement
+        # character the output keeps for good: an invalid byte, as in `whole`)
         full, before = tok.decode(prompt + ids), tok.decode(prompt)
         if len(prompt) <= 4 and full.startswith(before):  # the whole prompt is the context
             assert whole == full[len(before):]
@@ -278,53 +372,64 @@ def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer):
     check()
 
 
-def test_async_llm_steps_in_the_loop_and_hands_each_token_over_before_the_next_step(tiny):
-    """The server's arrangement: the core steps in the event loop's own thread
-    (AsyncLLM.run), two readers get the offline core's tokens, each token
-    reaches its reader before the next step starts, and shutdown() ends run()."""
+def test_async_llm_two_readers_get_the_offline_tokens_stepped_off_the_loop(tiny):
+    """The server's arrangement: the core steps in a thread (in `engine serve`,
+    a process) of its own, never in the event loop's thread; two readers get
+    the offline core's tokens, each step's token in an update of its own
+    (stream_interval 1) as soon as it is out; shutdown() ends run() and the
+    core's loop."""
     import threading
 
-    from engine.core.async_llm import AsyncLLM
+    from helpers import async_llm_in_process
+
     from engine.core.engine_core import EngineCore
+    from engine.core.input_processor import load_tokenizer
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
                       bind_threads=False)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    want = [core.make_sequence(f"off-{i}", p, params) for i, p in enumerate(["one two", "three"])]
-    for seq in want:
-        core.add(seq)
-    while core.has_unfinished():
-        core.step()
-    llm = AsyncLLM(core)
-    steps: list[int] = []  # the thread of each step
-    step = core.step
-
-    def counted():
-        steps.append(threading.get_ident())
-        return step()
-
-    core.step = counted
-
-    async def read(prompt):
-        ids, seen = [], []
-        async for u in llm.generate(llm.make_sequence(prompt, params)):
-            ids += u.new_token_ids
-            seen.append(len(steps))  # steps begun when this token arrived
-        return ids, seen
+    prompts = ["one two", "three"]
+    want = _offline(core, prompts, params, load_tokenizer(core.path))
+    gate = StepGate(core)
+    llm = async_llm_in_process(tiny, core=core)
 
     async def both():
-        run = asyncio.ensure_future(llm.run())
-        got = await asyncio.wait_for(asyncio.gather(read("one two"), read("three")), 60)
-        llm.shutdown()
-        await asyncio.wait_for(run, 30)
-        return got
+        reader = asyncio.ensure_future(llm.run())
+        try:
+            states = [await llm.make_request(p, params) for p in prompts]
+            got: list[list[list[int]]] = [[], []]
 
-    got = asyncio.run(both())
-    assert [ids for ids, _ in got] == [s.output_token_ids for s in want]
-    # both joined at the first step: their n-th token came from step n, read before step n+1
-    assert [seen for _, seen in got] == [list(range(1, 7))] * 2
-    assert set(steps) == {threading.get_ident()}
+            async def read(i):
+                async for u in llm.generate(states[i]):
+                    got[i].append(u.new_token_ids)
+
+            readers = [asyncio.ensure_future(read(i)) for i in range(2)]
+            while not all(r.done() for r in readers):
+                n = len(gate.steps)
+                gate.allow()  # one step, and each of its tokens reaches its reader
+                while len(gate.steps) == n:
+                    await asyncio.sleep(0.001)
+                out = {rid: ids for _, step in gate.steps for rid, ids in step}
+                for i, s in enumerate(states):
+                    heard = sum(len(ids) for _, step in gate.steps for rid, ids in step
+                                if rid == s.request_id)
+                    while sum(map(len, got[i])) < heard:
+                        await asyncio.sleep(0.001)
+                assert out  # every step gave a token
+            await asyncio.gather(*readers)
+        finally:
+            gate.open()
+            llm.shutdown()
+        await asyncio.wait_for(reader, 30)
+        return got, threading.get_ident()
+
+    got, loop_thread = asyncio.run(asyncio.wait_for(both(), 60))
+    assert [[t for u in g for t in u] for g in got] == want
+    assert [[len(u) for u in g] for g in got] == [[1] * 6] * 2
+    threads = {t for t, _ in gate.steps}
+    assert len(threads) == 1 and loop_thread not in threads
+    assert not llm.client.core.thread.is_alive()  # shutdown() stopped the core's loop
 
 
 def test_serve_freezes_the_start_up_heap_while_serving(tiny, monkeypatch):
@@ -359,27 +464,36 @@ def test_async_llm_merges_the_steps_of_one_hand_off(tiny):
     """stream_interval=3: a reader gets its first token at once, then one
     update per three steps holding their tokens in order, then the end; the
     tokens equal the offline core's."""
-    from engine.core.async_llm import AsyncLLM
+    from helpers import async_llm_in_process
+
     from engine.core.engine_core import EngineCore
+    from engine.core.input_processor import load_tokenizer
     from engine.sampling_params import SamplingParams
 
     core = EngineCore(tiny, "float32", block_size=32, num_kv_blocks=16, max_model_len=256,
                       bind_threads=False)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    want = core.make_sequence("off", "one two", params)
-    core.add(want)
-    while core.has_unfinished():
-        core.step()
-    llm = AsyncLLM(core, stream_interval=3)
+    (want,) = _offline(core, ["one two"], params, load_tokenizer(core.path))
+    gate = StepGate(core)
+    llm = async_llm_in_process(tiny, core=core)
+    llm.output.stream_interval = 3  # as AsyncLLM(stream_interval=3), `--stream-interval 3`
 
     async def read():
         run = asyncio.ensure_future(llm.run())
-        got = [u async for u in llm.generate(llm.make_sequence("one two", params))]
-        llm.shutdown()
+        got = []
+        try:
+            gen = llm.generate(await llm.make_request("one two", params))
+            for steps in (1, 3, 3, 1):  # the core steps no further than allowed
+                gate.allow(steps)
+                got.append(await asyncio.wait_for(gen.__anext__(), 30))
+            assert len(gate.steps) == 8
+        finally:
+            gate.open()
+            llm.shutdown()
         await asyncio.wait_for(run, 30)
         return got
 
     got = asyncio.run(asyncio.wait_for(read(), 60))
     assert [len(u.new_token_ids) for u in got] == [1, 3, 3, 1]  # the 8th ends it: at once
-    assert [t for u in got for t in u.new_token_ids] == want.output_token_ids
+    assert [t for u in got for t in u.new_token_ids] == want
     assert [u.finish_reason for u in got] == [None, None, None, "length"]

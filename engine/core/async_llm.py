@@ -52,6 +52,8 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._prefix = f"req-{client.client_index}-"
         self._reader: asyncio.Task | None = None
+        self._sentinel: int | None = None
+        self._on_dead = None
         self._aborts: list[str] = []
         self._abort_task: asyncio.Task | None = None
 
@@ -62,9 +64,9 @@ class AsyncLLM:
         core is gone (it died, or said it is dying)."""
         self._on_dead = on_dead
         self._reader = asyncio.ensure_future(self._read_outputs())
-        proc = self.client.core.proc
-        if proc is not None:  # the kernel tells us the moment it exits, kill -9 included
-            asyncio.get_running_loop().add_reader(proc.sentinel, self._core_exited)
+        self._sentinel = self.client.core.sentinel()
+        if self._sentinel is not None:  # the kernel says the moment it exits, kill -9 included
+            asyncio.get_running_loop().add_reader(self._sentinel, self._core_exited)
 
     async def run(self, on_dead=None) -> None:
         """start(), then wait until shutdown() (a task beside the server)."""
@@ -75,10 +77,9 @@ class AsyncLLM:
             pass
 
     def shutdown(self) -> None:
-        proc = self.client.core.proc
-        if proc is not None and self._reader is not None:
+        if self._sentinel is not None:
             try:
-                asyncio.get_running_loop().remove_reader(proc.sentinel)
+                asyncio.get_running_loop().remove_reader(self._sentinel)
             except RuntimeError:
                 pass
         if self._reader is not None:
@@ -86,7 +87,8 @@ class AsyncLLM:
         self.client.shutdown()
 
     def _core_exited(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.client.core.proc.sentinel)
+        asyncio.get_running_loop().remove_reader(self._sentinel)
+        self._sentinel = None
         self._die(self.client.core.how_it_ended())
 
     @property

@@ -63,6 +63,12 @@ class CoreProcess:
         with _main_not_rerun():
             self.proc.start()
 
+    owns = True  # its client stops it
+
+    def sentinel(self) -> int | None:
+        """A file descriptor that turns readable when the core exits."""
+        return self.proc.sentinel if self.proc is not None else None
+
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.is_alive()
@@ -99,11 +105,44 @@ class CoreProcess:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class SharedCore:
+    """An engine core another process started and stops (the parent of
+    --api-server-count N): this API server is one of its N clients."""
+
+    owns = False
+
+    def __init__(self, addresses: CoreAddresses, pid: int):
+        self.addresses, self.pid = addresses, pid
+        self.proc = None
+        self._fd: int | None = None
+
+    def sentinel(self) -> int:
+        if self._fd is None:  # pidfd: readable once the process exits, though not our child
+            self._fd = os.pidfd_open(self.pid)
+        return self._fd
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def stopped_cleanly(self) -> bool:
+        return False
+
+    def how_it_ended(self) -> str:
+        return f"the engine core process (pid {self.pid}) died"
+
+    def stop(self) -> None:
+        pass
+
+
 class AsyncMPClient:
     """Requests to the core and its outputs back, on this event loop's
     sockets (bound here, before the core connects)."""
 
-    def __init__(self, core: CoreProcess, client_index: int = 0):
+    def __init__(self, core: CoreProcess | SharedCore, client_index: int = 0):
         self.core, self.client_index = core, client_index
         self.ctx = zmq.asyncio.Context()
         self.input = self.ctx.socket(zmq.PUSH)
@@ -142,6 +181,9 @@ class AsyncMPClient:
         return self.decoder.decode(await self.output.recv(copy=False))
 
     def shutdown(self) -> None:
+        if not self.core.owns:  # the other API servers still use it
+            self.ctx.destroy(linger=0)
+            return
         try:  # a plain socket's send: the asyncio one would hand its error to a future
             zmq.Socket.shadow(self.input.underlying).send_multipart(
                 (RequestType.SHUTDOWN.value, b""), zmq.NOBLOCK)

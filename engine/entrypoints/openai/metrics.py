@@ -1,7 +1,13 @@
-"""The server's Prometheus metrics, named as upstream vLLM names them."""
+"""The server's Prometheus metrics, named as upstream vLLM names them. With
+several API server processes (--api-server-count), each writes its values
+to $PROMETHEUS_MULTIPROC_DIR and /metrics sums them (prometheus_client's
+multiprocess mode, as upstream's)."""
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # seconds; upstream's buckets, trimmed to what a CPU engine sees
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -15,16 +21,20 @@ class Metrics:
     carries (on_stats), each request's outputs (on_output); and by the
     request handlers (on_prompt). One registry per server."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, engine_totals: bool = True):
+        """engine_totals: count the core's totals (the prefix cache's
+        lookups) here; of N API servers, which all hear them, one does."""
+        self.engine_totals = engine_totals
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.",
-                             labels, registry=r).labels(model_name)
+                             labels, registry=r, multiprocess_mode="mostrecent").labels(model_name)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
-                             labels, registry=r).labels(model_name)
+                             labels, registry=r, multiprocess_mode="mostrecent").labels(model_name)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use "
-                              "(1 = all).", labels, registry=r).labels(model_name)
+                              "(1 = all).", labels, registry=r,
+                              multiprocess_mode="mostrecent").labels(model_name)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels,
                                      registry=r).labels(model_name)
         self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in "
@@ -51,6 +61,8 @@ class Metrics:
         self.running.set(stats.num_running_reqs)
         self.waiting.set(stats.num_waiting_reqs)
         self.kv_usage.set(stats.kv_cache_usage)
+        if not self.engine_totals:
+            return
         queries, hits = self._prefix_seen
         self.prefix_queries.inc(max(stats.prefix_cache_queries - queries, 0))
         self.prefix_hits.inc(max(stats.prefix_cache_hits - hits, 0))
@@ -71,4 +83,8 @@ class Metrics:
             self._success.labels(self.model_name, state.finish_reason).inc()
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)

@@ -1,15 +1,22 @@
 """Start the server: the engine core in a process of its own (it loads the
-model while this one waits, answering signals), then uvicorn in this one,
-until stopped or until the core dies."""
+model while this one waits, answering signals), then uvicorn, until stopped
+or until the core dies. With --api-server-count N, N API server processes
+accept on the one listening socket, each a client of the one core (as
+upstream's), and this process watches them all."""
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
+import multiprocessing as mp
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
+from multiprocessing.connection import wait
 
 logger = logging.getLogger("engine")
 
@@ -18,55 +25,82 @@ DEAD_GRACE_S = 2.0  # /health answers 503 this long after the core died, then th
 GRACEFUL_S = 2  # uvicorn's wait for open responses on SIGTERM (the core then has STOP_GRACE_S)
 
 
+class _Front:
+    """What every API server process loads for itself: the model's config,
+    tokenizer and chat template (no weights)."""
+
+    def __init__(self, args):
+        from engine.config import ModelConfig
+        from engine.core.input_processor import load_tokenizer
+        from engine.entrypoints import chat_utils
+        from engine.model_source import resolve_model
+
+        self.path = resolve_model(args.model)
+        self.model_config = ModelConfig.from_dir(self.path)
+        self.tokenizer = load_tokenizer(self.path)
+        self.template = chat_utils.load_template(self.path, args.chat_template)
+        self.special_tokens = chat_utils.special_tokens(self.path)
+
+
 def serve(args) -> int:
-    import uvicorn
-
-    from engine.config import ModelConfig
-    from engine.core.async_llm import AsyncLLM, start_engine
-    from engine.core.core_client import EngineCoreStartError, Interrupted
-    from engine.core.input_processor import load_tokenizer
+    from engine.core.core_client import CoreProcess, EngineCoreStartError, Interrupted
     from engine.engine_args import cli_engine_args
-    from engine.entrypoints import chat_utils
-    from engine.entrypoints.openai.api_server import ServerState, build_app
-    from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.stream_pacer import parse_interval
-    from engine.model_source import resolve_model
 
-    interval = parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
+    parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
+    count = getattr(args, "api_server_count", 1)
     listener = _listen(args.host, args.port)  # a busy port, too, before minutes of loading
     if listener is None:
         return 1
     t0 = time.perf_counter()
-    path = resolve_model(args.model)
-    model_config = ModelConfig.from_dir(path)
-    tokenizer = load_tokenizer(path)
-    template = chat_utils.load_template(path, args.chat_template)
-
+    front = _Front(args)
     stop_asked: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop_asked.append(signum))
+    core = CoreProcess(str(front.path), args.dtype, cli_engine_args(args), clients=count)
+    if count > 1:
+        return _serve_many(args, listener, core, stop_asked)
+    from engine.core.core_client import AsyncMPClient
+
+    client = None
     try:
-        core, client, ready = start_engine(str(path), args.dtype, cli_engine_args(args),
-                                           interrupted=lambda: bool(stop_asked))
-    except Interrupted as exc:
-        print(f"{exc}; nothing was served", file=sys.stderr)
+        client = AsyncMPClient(core)
+        core.start()
+        ready = client.wait_ready(interrupted=lambda: bool(stop_asked))
+    except (Interrupted, EngineCoreStartError) as exc:
+        if client is not None:
+            client.shutdown()
+        else:
+            core.stop()
+        print(f"{exc}; nothing was served" if isinstance(exc, Interrupted) else f"error: {exc}",
+              file=sys.stderr)
         return 1
-    except EngineCoreStartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    names = args.served_model_name or [args.model]
-    metrics = Metrics(names[0])
-    llm = AsyncLLM(client, ready, model_config, tokenizer, metrics,
-                   max_waiting=args.max_waiting_queue_length, stream_interval=interval)
-    state = ServerState(llm=llm, model_names=names, model_dir=path, metrics=metrics,
-                        api_key=args.api_key, chat_template=template,
-                        special_tokens=chat_utils.special_tokens(path),
-                        max_model_len=ready.max_model_len, created=int(time.time()))
-    if template is None:
-        logger.warning("%s has no chat template: /v1/chat/completions will answer 400", path)
     logger.info("engine ready in %.1f s, warm-up %.2f s of it (%s, max_model_len %d, "
                 "%d KV blocks of %d tokens)", time.perf_counter() - t0, ready.warm_up_s,
                 ready.dtype, ready.max_model_len, ready.num_blocks, ready.block_size)
+    return _run_api_server(args, front, listener, client, ready, stop_asked)
+
+
+def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) -> int:
+    import uvicorn
+
+    from engine.core.async_llm import AsyncLLM
+    from engine.entrypoints.openai.api_server import ServerState, build_app
+    from engine.entrypoints.openai.metrics import Metrics
+    from engine.entrypoints.openai.stream_pacer import parse_interval
+
+    names = args.served_model_name or [args.model]
+    metrics = Metrics(names[0], engine_totals=client.client_index == 0)
+    llm = AsyncLLM(client, ready, front.model_config, front.tokenizer, metrics,
+                   max_waiting=args.max_waiting_queue_length,
+                   stream_interval=parse_interval(args.stream_interval))
+    state = ServerState(llm=llm, model_names=names, model_dir=front.path, metrics=metrics,
+                        api_key=args.api_key, chat_template=front.template,
+                        special_tokens=front.special_tokens,
+                        max_model_len=ready.max_model_len, created=int(time.time()))
+    if front.template is None and client.client_index == 0:
+        logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
+                       front.path)
     app = build_app(state)
     # the start-up heap (FastAPI, the tokenizer, pydantic's models) lives until
     # exit: an oldest-generation collection that walks it is a pause mid-stream
@@ -136,3 +170,87 @@ async def _say_what_stops(server, llm) -> None:
     if llm.dead is None:
         logger.info("stopping: %d requests were still running; they have %d s to end",
                     llm.num_requests(), GRACEFUL_S)
+
+
+# ---- --api-server-count N ----------------------------------------------------------
+
+
+def _serve_many(args, listener, core, stop_asked) -> int:
+    """Start the core and N API server processes on `listener`; wait until
+    a signal, or until one of them exits (then stop the rest)."""
+    from engine.core.core_client import STOP_GRACE_S
+    from engine.executor.multiproc_executor import _main_not_rerun
+
+    # counters and histograms of N processes, summed by /metrics in each of them
+    metrics_dir = tempfile.mkdtemp(prefix="vllm-engine-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    ctx = mp.get_context("spawn")
+    servers = []
+    try:
+        core.start()
+        with _main_not_rerun():
+            for i in range(len(core.addresses.inputs)):
+                p = ctx.Process(target=_api_server_main, name=f"APIServer-{i}",
+                                args=(args, listener, core.addresses, core.proc.pid, i))
+                p.start()
+                servers.append(p)
+        listener.close()  # the servers have it
+        logger.info("%d API servers and one engine core started", len(servers))
+        code = _watch(core, servers, stop_asked)
+    finally:
+        for p in servers:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + GRACEFUL_S + STOP_GRACE_S
+        for p in servers:
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+        core.stop()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    return code
+
+
+def _watch(core, servers, stop_asked) -> int:
+    sentinels = {core.proc.sentinel: None} | {p.sentinel: p for p in servers}
+    while not stop_asked:
+        ready = wait(list(sentinels), timeout=0.2)
+        if not ready:
+            continue
+        if any(sentinels[s] is None for s in ready):  # the core: its servers say so and exit
+            line = core.how_it_ended()
+            for p in servers:
+                p.join(DEAD_GRACE_S + 3)
+            if not core.stopped_cleanly():
+                print(f"error: the engine stopped: {line}", file=sys.stderr)
+                return 1
+            return 0
+        p = sentinels[ready[0]]
+        if p.exitcode != 0:
+            print(f"error: {p.name} exited ({p.exitcode}); stopping the others",
+                  file=sys.stderr)
+            return 1
+        return 0
+    logger.info("stopping %d API servers and the engine core", len(servers))
+    return 0
+
+
+def _api_server_main(args, listener, addresses, core_pid: int, index: int) -> None:
+    """One of N API server processes: a client of the shared core."""
+    from engine.core.core_client import AsyncMPClient, SharedCore
+
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(levelname)s API server {index}: %(message)s")
+    stop_asked: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop_asked.append(signum))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to decide
+    front = _Front(args)
+    client = AsyncMPClient(SharedCore(addresses, core_pid), index)
+    try:
+        ready = client.wait_ready(interrupted=lambda: bool(stop_asked))
+    except Exception as exc:  # noqa: BLE001 - the parent names the core's end
+        client.shutdown()
+        print(f"API server {index}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(_run_api_server(args, front, listener, client, ready, stop_asked))

@@ -1,13 +1,24 @@
 """Chat templates, rendered as transformers' apply_chat_template renders them:
 the same Jinja environment (sandboxed, trim_blocks, lstrip_blocks, loop
 controls, `raise_exception`, `strftime_now`, its `tojson`) and the same
-variables (messages, add_generation_prompt, tools, the special tokens)."""
+variables (messages, add_generation_prompt, tools, the special tokens).
+
+A render is bounded (engine.entrypoints.bounded_jinja): a template that loops
+without end, recurses without end or writes megabytes is refused in seconds
+with a ChatTemplateError, instead of holding a server thread for good."""
 from __future__ import annotations
 
 import json
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+
+# a real template renders a long chat in milliseconds and writes about as much as
+# the messages hold; these are far past that, and far short of hurting the server
+RENDER_TIMEOUT_S = 2.0
+MAX_RENDER_CHARS = 8 * 1024 * 1024
+
+_FIX = "fix the model's chat template or pass --chat-template FILE"
 
 
 class ChatTemplateError(ValueError):
@@ -57,7 +68,8 @@ def _tokenizer_config(model_dir: Path) -> dict:
 def _compile(template: str):
     import jinja2
     import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from engine.entrypoints.bounded_jinja import BoundedEnvironment
 
     class Generation(jinja2.ext.Extension):
         # transformers' {% generation %} marks assistant text for masks; it renders its body
@@ -79,8 +91,8 @@ def _compile(template: str):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                             extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -91,12 +103,24 @@ def _compile(template: str):
 
 
 def render(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-           tokens: dict[str, str] | None = None, **extra) -> str:
+           tokens: dict[str, str] | None = None, timeout_s: float | None = None,
+           max_chars: int | None = None, **extra) -> str:
+    """The chat as the template writes it. ChatTemplateError when the template
+    refuses the messages, or takes longer than timeout_s (RENDER_TIMEOUT_S) or
+    writes more than max_chars (MAX_RENDER_CHARS) characters."""
     import jinja2
 
+    from engine.entrypoints import bounded_jinja
+
+    timeout_s = RENDER_TIMEOUT_S if timeout_s is None else timeout_s
+    max_chars = MAX_RENDER_CHARS if max_chars is None else max_chars
+    # dict(), as keywords: a name given twice is a TypeError, as it was for render()
+    variables = dict(messages=messages, add_generation_prompt=add_generation_prompt,
+                     **(tokens or {}), **extra)
     try:
-        return _compile(template).render(messages=messages,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **(tokens or {}), **extra)
+        return bounded_jinja.render(_compile(template), variables, timeout_s=timeout_s,
+                                    max_chars=max_chars)
+    except bounded_jinja.RenderLimitError as exc:
+        raise ChatTemplateError(f"the chat template {exc}: {_FIX}") from None
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"the chat template refused these messages: {exc}") from None

@@ -154,6 +154,11 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
+def _spawned(pid: int) -> list[int]:
+    """pid's children that multiprocessing spawned (not its resource tracker)."""
+    return [p for p in _children(pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
 @pytest.mark.slow
 def test_serve_tp2_answers_like_one_rank_and_a_killed_rank_is_503(tmp_path):
     from engine.distributed.parallel_state import free_port
@@ -184,8 +189,10 @@ def test_serve_tp2_answers_like_one_rank_and_a_killed_rank_is_503(tmp_path):
         prompt = PROMPTS[0]  # token ids: the text joins the prompt's, separator kept
         text = tok.decode(prompt + want)[len(tok.decode(prompt)):]
         assert r["choices"][0]["text"] == text
-        workers = [p for p in _children(proc.pid) if "python" in Path(f"/proc/{p}/cmdline").read_text()]
-        os.kill(workers[-1], signal.SIGKILL)
+        # the ranks are the engine core process's: rank 0 is the core, rank 1 its child
+        (core,) = _spawned(proc.pid)
+        (rank1,) = _spawned(core)
+        os.kill(rank1, signal.SIGKILL)
         assert_dies_with_503(proc, url, tmp_path / "server.log", "tensor-parallel rank 1 died")
     finally:
         if proc.poll() is None:

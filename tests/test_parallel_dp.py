@@ -120,9 +120,10 @@ def test_serve_dp2_answers_like_one_engine_and_a_killed_replica_is_503(model, tm
             time.sleep(0.3)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             assert list(pool.map(lambda p: _complete(url, p), PROMPTS)) == texts
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        replicas = [int(p) for p in children if "spawn_main" in _cmdline(int(p))]
-        assert len(replicas) == 2, children
+        # the replicas are the engine core process's children (it is the front of them)
+        (core,) = _spawned(proc.pid)
+        replicas = _spawned(core)
+        assert len(replicas) == 2, replicas
         os.kill(replicas[-1], signal.SIGKILL)
         assert_dies_with_503(proc, url, tmp_path / "server.log", "data-parallel rank")
     finally:
@@ -133,3 +134,9 @@ def test_serve_dp2_answers_like_one_engine_and_a_killed_replica_is_503(model, tm
 
 def _cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_text()
+
+
+def _spawned(pid: int) -> list[int]:
+    """pid's children that multiprocessing spawned (not its resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(p) for p in children if "spawn_main" in _cmdline(int(p))]

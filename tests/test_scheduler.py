@@ -147,6 +147,45 @@ def test_admission_keeps_the_watermark():
     assert [s for s, _, _ in step(sched)] == [a, c]
 
 
+@pytest.mark.parametrize("case", ["eos", "eos-ignored", "stop-token", "min-tokens",
+                                  "max-tokens", "context"])
+def test_update_from_output_ends_sequences_as_check_stop_says(case):
+    """The core's stop conditions (engine/core/stop_checker.py; stop strings are
+    the front end's): the last output says why, the sequence leaves the
+    running batch and gives its blocks back."""
+    params = {"eos": {}, "eos-ignored": {"ignore_eos": True}, "stop-token": {"stop_token_ids": [7]},
+              "min-tokens": {"min_tokens": 3}, "max-tokens": {"max_tokens": 2},
+              "context": {}}[case]
+    sched = Scheduler(BlockManager(8, BS), max_num_seqs=4, max_num_batched_tokens=64,
+                      enable_chunked_prefill=True, eos_token_ids=(2,),
+                      max_model_len=13 if case == "context" else 64)
+    a = Sequence(list(range(10, 20)), SamplingParams(**{"max_tokens": 50, **params}))
+    sched.add(a)
+    sampled = {"eos": [5, 2], "eos-ignored": [2, 2, 2, 2], "stop-token": [5, 7],
+               "min-tokens": [2, 2, 2, 2], "max-tokens": [5, 6], "context": [5, 6, 8]}[case]
+    outputs = []
+    for token in sampled:
+        if a.status.finished:
+            assert not sched.schedule().scheduled  # nothing left to run
+            break
+        out = sched.schedule()
+        assert out.sampled == [a]
+        outputs += sched.update_from_output(out, [token])
+    want = {"eos": ("stop", None, 2), "eos-ignored": (None, None, 4),
+            "stop-token": ("stop", 7, 2), "min-tokens": ("stop", None, 3),
+            "max-tokens": ("length", None, 2), "context": ("length", None, 3)}[case]
+    reason, stop_reason, n = want
+    assert [o.new_token_ids for o in outputs] == [[t] for t in sampled[:n]]
+    assert [o.finish_reason for o in outputs] == [None] * (n - 1) + [reason]
+    assert outputs[-1].stop_reason == stop_reason == a.stop_reason
+    assert a.finish_reason == reason and a.output_token_ids == sampled[:n]
+    if reason is None:
+        assert a.status == RequestStatus.RUNNING and list(sched.running) == [a]
+    else:
+        assert a.status.finished and not sched.running and not sched.has_work()
+        assert a.block_table == [] and sched.blocks.num_free == sched.blocks.num_blocks
+
+
 def test_the_budget_bounds():
     assert batch_bounds(4096, 8, 512, chunked_prefill=True) == 512
     assert batch_bounds(4096, 8, None, chunked_prefill=True) == 2048

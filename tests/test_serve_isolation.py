@@ -167,13 +167,14 @@ def test_large_bodies_are_refused_or_tokenized_off_the_event_loop(tiny):
         probes, answer = while_in_flight(
             tokenize, lambda: httpx.get(s.url + "/health", timeout=30).status_code)
         assert probes and set(probes) == {200}, probes
-        assert answer.status_code == 200 and answer.json()["count"] > 1_000_000
+        assert answer.status_code == 200, answer.text[:300]
+        assert answer.json()["count"] > 1_000_000
     finally:
         s.close()
     s = Server(tiny)  # the default limit, sized for a 1024-token context
     try:
         r = httpx.post(s.url + "/tokenize", json={"prompt": big}, timeout=60)
-        assert r.status_code == 413, r.text
+        assert r.status_code == 413, r.text[:300]
         assert "--max-request-body-bytes" in r.json()["error"]["message"]
         r = completion(s.url, prompt=["hi"] * 100_000)
         assert r.status_code == 400 and "100000 sequences" in r.json()["error"]["message"]

@@ -102,6 +102,9 @@ class EngineCoreProc:
                 self.core.abort_requests(ids)
                 for request_id in ids:
                     self.clients.pop(request_id, None)
+                if not self.core.has_unfinished():  # no step will carry the news: /metrics
+                    self._send_all(EngineCoreOutputs(scheduler_stats=self.core.make_stats(),
+                                                     timestamp=time.monotonic()))
             elif kind == RequestType.SHUTDOWN.value:
                 self.stopped = True
                 return

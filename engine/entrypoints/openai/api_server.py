@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.openai.request_limits import BodySizeLimit
 from engine.entrypoints.openai.serving_tokens import add_token_routes
 from engine.entrypoints.openai.serving_chat import create_chat_completion
 from engine.entrypoints.openai.serving_completion import create_completion
@@ -29,6 +30,8 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="vllm-engine", docs_url="/docs", redoc_url=None,
                   openapi_url="/openapi.json")
     app.state.s = state
+    if state.max_body_bytes is not None:  # before FastAPI reads (and parses) a byte of it
+        app.add_middleware(BodySizeLimit, max_bytes=state.max_body_bytes)
 
     @app.exception_handler(APIError)
     async def _api_error(_, exc: APIError):

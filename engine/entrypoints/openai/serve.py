@@ -33,6 +33,7 @@ class _Front:
         from engine.config import ModelConfig
         from engine.core.input_processor import load_tokenizer
         from engine.entrypoints import chat_utils
+        from engine.entrypoints.openai.request_limits import max_token_bytes
         from engine.model_source import resolve_model
 
         self.path = resolve_model(args.model)
@@ -40,6 +41,7 @@ class _Front:
         self.tokenizer = load_tokenizer(self.path)
         self.template = chat_utils.load_template(self.path, args.chat_template)
         self.special_tokens = chat_utils.special_tokens(self.path)
+        self.max_tok_bytes = max_token_bytes(self.tokenizer)
 
 
 def serve(args) -> int:
@@ -87,6 +89,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     from engine.core.async_llm import AsyncLLM
     from engine.entrypoints.openai.api_server import ServerState, build_app
     from engine.entrypoints.openai.metrics import Metrics
+    from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
 
     names = args.served_model_name or [args.model]
@@ -97,7 +100,10 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     state = ServerState(llm=llm, model_names=names, model_dir=front.path, metrics=metrics,
                         api_key=args.api_key, chat_template=front.template,
                         special_tokens=front.special_tokens,
-                        max_model_len=ready.max_model_len, created=int(time.time()))
+                        max_model_len=ready.max_model_len, created=int(time.time()),
+                        max_body_bytes=args.max_request_body_bytes or
+                        default_max_body_bytes(ready.max_model_len),
+                        max_tok_bytes=front.max_tok_bytes)
     if front.template is None and client.client_index == 0:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)

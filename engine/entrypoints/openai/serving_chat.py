@@ -10,6 +10,7 @@ from engine.entrypoints import chat_utils
 from engine.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
+                                                      check_prompt_fits,
                                                       check_request,
                                                       error_response, full_answer,
                                                       make_sequences, run, run_to_end, sse,
@@ -48,6 +49,7 @@ async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
             tokens={**state.special_tokens, **kwargs}, tools=None, documents=None))
     except chat_utils.ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages") from None
+    check_prompt_fits(state, text, "messages")
     # as transformers' apply_chat_template(tokenize=True): the template
     # already wrote the special tokens it wants
     ids = await state.llm.tokenize(text, add_special_tokens=False)

@@ -18,6 +18,7 @@ from engine.core.async_llm import EngineDeadError, QueueFullError, RequestFailed
 from engine.core.engine_client import EngineClient
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
+from engine.entrypoints.openai.request_limits import prompt_surely_too_long
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                405: "MethodNotAllowed", 500: "InternalServerError", 503: "ServiceUnavailable"}
@@ -66,6 +67,16 @@ class ServerState:
     special_tokens: dict[str, str]
     max_model_len: int
     created: int
+    max_body_bytes: int | None = None  # a larger body is a 413 (None: no bound)
+    max_tok_bytes: int | None = None  # the tokenizer's longest token, in UTF-8 bytes
+
+
+def check_prompt_fits(state: ServerState, text: str, param: str) -> None:
+    """A text that cannot fit the context however it tokenizes is a 400
+    before it is tokenized (tokenizing megabytes takes seconds)."""
+    if prompt_surely_too_long(text, state.max_model_len, state.max_tok_bytes):
+        raise APIError(400, f"{param}: the prompt cannot fit the model's context of "
+                       f"{state.max_model_len} tokens however it tokenizes; shorten it", param)
 
 
 # ---- requests ----------------------------------------------------------------
@@ -93,6 +104,8 @@ async def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_ind
     for (checked against the context), None for default_max_tokens(prompt
     length)."""
     llm = state.llm
+    if isinstance(prompt, str):
+        check_prompt_fits(state, prompt, "prompt")
     try:
         defaults = llm.model_config.generation_defaults
         params = [body.sampling_params(max_tokens or max(body.min_tokens, 1), j, defaults)

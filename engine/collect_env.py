@@ -17,9 +17,10 @@ def _platform() -> str:
     """platform.platform()'s answer without its `uname -p` subprocess."""
     u = os.uname()
     try:
-        libc = "-with-" + os.confstr("CS_GNU_LIBC_VERSION").replace(" ", "")
+        version = os.confstr("CS_GNU_LIBC_VERSION")
     except (ValueError, OSError, AttributeError):  # not glibc, or not a POSIX system
-        libc = ""
+        version = None
+    libc = "" if version is None else "-with-" + version.replace(" ", "")
     return f"{u.sysname}-{u.release}-{u.machine}{libc}"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from engine.model_executor.models.registry import resolve_architecture
 
@@ -77,7 +78,8 @@ class ModelConfig:
             model_type=mt,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg.get("intermediate_size") or cfg.get("ffn_dim"),
+            # every supported architecture's config.json names one (OPT: ffn_dim)
+            intermediate_size=cast(int, cfg.get("intermediate_size") or cfg.get("ffn_dim")),
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,

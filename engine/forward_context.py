@@ -11,9 +11,9 @@ import torch
 class ForwardContext:
     is_prefill: bool
     slot_mapping: torch.Tensor  # [tokens] int64: where each token's K/V goes
+    block_tables: torch.Tensor  # [seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [seqs] int32: tokens in the cache after this step
     cu_seqlens: list[int] | None = None  # prefill: token offsets of each sequence
-    block_tables: torch.Tensor | None = None  # [seqs, max_blocks] int32
-    seq_lens: torch.Tensor | None = None  # [seqs] int32: tokens in the cache after this step
     query_start_loc: torch.Tensor | None = None  # prefill: cu_seqlens as [seqs + 1] int32
 
 

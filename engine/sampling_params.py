@@ -83,6 +83,7 @@ class SamplingParams:
               f"seed must be in [{INT64_MIN}, {INT64_MAX}], got {self.seed}")
         check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
               f"stop_token_ids must be non-negative integers, got {self.stop_token_ids}")
+        assert isinstance(self.stop, list), "__post_init__ made stop a list"
         check(all(isinstance(s, str) and s for s in self.stop),
               "stop must be non-empty strings")
         check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 # Enough text for the tokenizer to learn common English pieces; any text still
 # encodes, since a byte-level BPE falls back to single bytes.
@@ -27,12 +28,13 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
-SHAPE = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)
+SHAPE: dict[str, Any] = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             max_position_embeddings=2048)
 
 # --arch NAME -> config.json keys beyond SHAPE: each supported architecture's
 # own features switched on, at the same small size
-ARCHS = {
+ARCHS: dict[str, dict[str, Any]] = {
     "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama"),
     "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral",
                     sliding_window=1024),

@@ -167,7 +167,7 @@ class BlockManager:
     # ---- allocation ----------------------------------------------------------
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int,
-                     computed: list[int] = (), reserve: int = 0) -> bool:
+                     computed: list[int] | tuple[int, ...] = (), reserve: int = 0) -> bool:
         """Room for the K/V of num_new_tokens more tokens past its computed
         ones (those include the `computed` blocks the sequence is about to
         take, which leave the free lists if no one holds them), leaving at
@@ -177,7 +177,8 @@ class BlockManager:
         taken = sum(1 for b in computed if self.ref[b] == 0)
         return max(need, 0) + taken + reserve <= self.num_free
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, computed: list[int] = ()) -> None:
+    def allocate(self, seq: Sequence, num_new_tokens: int,
+                 computed: list[int] | tuple[int, ...] = ()) -> None:
         """Extend the block table to hold num_new_tokens more tokens; `computed`
         (from computed_blocks, for a sequence holding none) start it."""
         for b in computed:

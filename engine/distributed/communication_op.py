@@ -4,6 +4,8 @@ each returns its input untouched. And the point-to-point sends between
 pipeline stages."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from engine.distributed.parallel_state import shared_memory_all_reduce, tp_size
@@ -46,7 +48,7 @@ def send_tensors(tensors: list[torch.Tensor], dst: int) -> None:
         td.send(t.contiguous(), dst)
 
 
-def recv_tensors(like: list[tuple[tuple[int, ...], torch.dtype]], src: int
+def recv_tensors(like: Iterable[tuple[tuple[int, ...], torch.dtype]], src: int
                  ) -> list[torch.Tensor]:
     """Tensors of the given (shape, dtype)s from global rank src, in order."""
     import torch.distributed as td

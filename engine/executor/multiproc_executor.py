@@ -42,7 +42,8 @@ class MultiprocExecutor:
         dist = DistInit("127.0.0.1", free_port(), world, config.pipeline_parallel_size,
                         same_machine=True)
         ctx = mp.get_context("spawn")  # a fork would copy torch's OpenMP pool and locks
-        self.procs, self.conns, self.dead = {}, {}, None
+        self.procs, self.conns = {}, {}
+        self.dead: str | None = None
         self.eos_token_ids = config.model.eos_token_ids
         try:
             for rank in range(1, world):
@@ -95,7 +96,8 @@ class MultiprocExecutor:
             return
         ready = wait(list(sentinels))
         if self.dead is None and not getattr(self, "_closing", False):
-            rank = sentinels[ready[0]]
+            # wait() gives back some of the sentinels (ints) it got; typeshed types them wider
+            rank = sentinels[ready[0]]  # type: ignore[index]
             self.dead = f"tensor-parallel rank {rank} died (exit code " \
                         f"{self.procs[rank].exitcode})"
             logger.error("%s; the engine stops", self.dead)
@@ -117,6 +119,7 @@ class MultiprocExecutor:
             self.check_health()
             raise RankDiedError(f"tensor parallel step failed: {str(exc).splitlines()[0]}") \
                 from None
+        assert logits is not None, "the driver (rank 0) gets the logits"
         return sample_step(logits, seqs, self.eos_token_ids)
 
     def shutdown(self) -> None:

@@ -8,6 +8,7 @@ line (RankDiedError)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig
-from engine.worker.model_runner import prepare_inputs, sample_step
+from engine.worker.model_runner import ModelRunner, prepare_inputs, sample_step
 
 logger = logging.getLogger("engine")
 
@@ -30,7 +31,8 @@ class RankActor:
         import torch
 
         torch.set_num_threads(1)  # the one CPU Ray gave this actor
-        self.rank, self.config, self.runner = rank, config, None
+        self.rank, self.config = rank, config
+        self.runner: ModelRunner | None = None  # load() builds it
 
     def address(self) -> tuple[str, int]:
         import ray
@@ -75,7 +77,8 @@ class RayExecutor:
         from engine.distributed.parallel_state import DistInit
 
         world = config.world_size
-        self.blocks, self.dead = blocks, None
+        self.blocks = blocks
+        self.dead: str | None = None
         self.eos_token_ids = config.model.eos_token_ids
         ray.init(address=envs.ray_address(), ignore_reinit_error=True, log_to_driver=False)
         self.pg = placement_group([{"CPU": 1}] * world, strategy="SPREAD")
@@ -85,8 +88,11 @@ class RayExecutor:
             raise ValueError(f"the Ray cluster has no room for {world} ranks of one CPU each "
                              f"in {PLACEMENT_TIMEOUT_S} s (see `ray status`)")
         actor = ray.remote(num_cpus=1)(RankActor)
-        self.actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            self.pg, placement_group_bundle_index=rank)).remote(rank, config)
+        # Any: Ray types an actor's methods' .remote only where @ray.method decorates
+        # them, and RankActor's module must not import ray (an optional dependency)
+        self.actors: list[Any] = [
+            actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=rank)).remote(rank, config)
             for rank in range(world)]
         nodes = self._get([a.node_id.remote() for a in self.actors])
         host, port = self._get([self.actors[0].address.remote()])[0]

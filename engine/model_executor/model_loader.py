@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.model_executor.layers.parallel import checkpoint_slice, stage_holds
 from engine.model_executor.shard_reader import SAFETENSORS_DTYPES as _DTYPES
 from engine.model_executor.shard_reader import read_slice_into
+
+if TYPE_CHECKING:
+    from engine.model_executor.models.weights import CausalLM
 
 # Checkpoint tensors no model reads: rotary tables older exports saved.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -71,15 +75,16 @@ def _read_into(f, name: str, key: str, info: dict, dest: torch.Tensor) -> None:
     direct = dest.dtype == dtype and dest.is_contiguous() and dest.device.type == "cpu"
     target = dest if direct else torch.empty(shape, dtype=dtype)
     f.seek(begin)
-    buf = memoryview(target.view(-1).view(torch.uint8).numpy())
+    # numpy's stubs give ndarray __buffer__ only from Python 3.12; it is a buffer on all
+    buf = memoryview(target.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     if f.readinto(buf) != len(buf):
         raise ValueError(f"{name}: {key} is cut short")
     if target is not dest:
         dest.copy_(target)
 
 
-def load_weights(model: torch.nn.Module, path: Path,
-                 already_read: set[str] = frozenset()) -> None:
+def load_weights(model: CausalLM, path: Path,
+                 already_read: set[str] | frozenset[str] = frozenset()) -> None:
     """Read every tensor of the checkpoint into the model; refuse, in one line
     naming the tensor, one the model does not know, one whose shape does not
     fit, and a parameter (or one part of a fused one) the checkpoint lacks.
@@ -115,9 +120,9 @@ def load_weights(model: torch.nn.Module, path: Path,
                                          f"{type(model).__name__}; is config.json the "
                                          "checkpoint's own?")
                     name, part = mapping[key]
-                    dest = params[name]
+                    dest: torch.Tensor = params[name]
                     if part is not None:
-                        bounds = _bounds(dest.shard_sizes)
+                        bounds = _bounds(getattr(dest, "shard_sizes"))  # a fused parameter's
                         dest = dest[bounds[part]:bounds[part + 1]]
                     rows = checkpoint_slice(model.config, key)  # tensor parallel: this rank's
                     if rows is None:
@@ -155,4 +160,6 @@ def _bounds(sizes) -> list[int]:
 def _complete(param, got: set | None) -> bool:
     """Read whole, or every part of a fused parameter read."""
     sizes = getattr(param, "shard_sizes", None)
-    return bool(got) and (None in got or (sizes is not None and got >= set(range(len(sizes)))))
+    if not got:
+        return False
+    return None in got or (sizes is not None and got >= set(range(len(sizes))))

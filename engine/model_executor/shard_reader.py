@@ -40,12 +40,13 @@ def read_slice_into(f, name: str, key: str, info: dict, dest: torch.Tensor, dim:
     item = dtype.itemsize
     if dim == 0:
         row = numel // shape[0] * item if shape[0] else 0
-        _read(f, name, key, begin + start * row, memoryview(flat))
+        # numpy's stubs give ndarray __buffer__ only from Python 3.12; it is a buffer on all
+        _read(f, name, key, begin + start * row, memoryview(flat))  # type: ignore[arg-type]
     else:
         cols, seg = shape[1], (end - start) * item
         for r in range(shape[0]):
             _read(f, name, key, begin + (r * cols + start) * item,
-                  memoryview(flat[r * seg:(r + 1) * seg]))
+                  memoryview(flat[r * seg:(r + 1) * seg]))  # type: ignore[arg-type]  # as above
     if target is not dest:
         dest.copy_(target)
 

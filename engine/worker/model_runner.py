@@ -23,6 +23,8 @@ logger = logging.getLogger("engine")
 
 
 class ModelRunner:
+    linear_mode: str  # how its linear layers are laid out (set by build_runner)
+
     def __init__(self, model: LlamaForCausalLM, blocks: BlockManager, dtype: torch.dtype,
                  device: torch.device):
         self.model, self.blocks, self.device, self.dtype = model, blocks, device, dtype
@@ -52,14 +54,16 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         logits = self.execute(self.prepare(seqs, is_prefill))
+        assert logits is not None, "one process, one pipeline stage: its logits"
         return sample_step(logits, seqs, self.model.config.eos_token_ids)
 
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
         return prepare_inputs(self.blocks, self.device, seqs, is_prefill)
 
     @torch.inference_mode()
-    def execute(self, x: StepInputs) -> torch.Tensor:
-        """The logits of the last token of each sequence that samples."""
+    def execute(self, x: StepInputs) -> torch.Tensor | None:
+        """The logits of the last token of each sequence that samples; None on the
+        ranks of a pipeline stage before the last, the driver (rank 0) excepted."""
         if x.kv_copies:
             self._copy_kv(x.kv_copies)
         set_context(ForwardContext(x.is_prefill, x.slots, cu_seqlens=x.cu_seqlens,
@@ -155,7 +159,10 @@ def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequen
     A prefill step runs each sequence's scheduled tokens (a chunk of a prompt
     past its cached prefix, or a decode's one token) with paged prefill
     attention: its queries sit at the last positions of its seq_lens tokens."""
-    ids, positions, slots, last = [], [], [], []
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    last: list[int] = []
     cu = query_start_loc = None
     if is_prefill:
         cu = [0]

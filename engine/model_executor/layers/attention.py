@@ -49,11 +49,13 @@ class Attention(nn.Module):
         if ctx.is_prefill and (self.sdpa_prefill or not cached or self.softcap is not None):
             self._torch_prefill(out, q, k, v, ctx)
         elif ctx.is_prefill:
+            assert ctx.query_start_loc is not None, "the runner sets it for every prefill"
             window = -1 if self.sliding_window is None else self.sliding_window
             ops.paged_prefill_attention(out, q.contiguous(), self.k_cache, self.v_cache,
                                         ctx.block_tables, ctx.query_start_loc, ctx.seq_lens,
                                         self.scale, window)
-        elif self.softcap is None and self._in_torch(int(ctx.seq_lens.max())):
+        elif (self.softcap is None and self.sliding_window is not None
+              and self._in_torch(int(ctx.seq_lens.max()))):
             # a window alone: the prefill kernel takes it, one query a sequence
             one_each = torch.arange(tokens + 1, dtype=torch.int32, device=q.device)
             ops.paged_prefill_attention(out, q.contiguous(), self.k_cache, self.v_cache,
@@ -70,6 +72,7 @@ class Attention(nn.Module):
     def _torch_prefill(self, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, ctx: ForwardContext) -> None:
         """Each prompt over its own keys (whole prompts only: no cached prefix)."""
+        assert ctx.cu_seqlens is not None, "the runner sets it for every prefill"
         gqa = self.num_heads != self.num_kv_heads
         for start, end in zip(ctx.cu_seqlens[:-1], ctx.cu_seqlens[1:]):
             if self._in_torch(end - start):

@@ -76,12 +76,13 @@ class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, hidden: int, intermediate: int, dtype: torch.dtype):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
-        self.w13 = nn.Parameter(torch.empty(num_experts * 2 * intermediate, hidden, dtype=dtype),
-                                requires_grad=False)
-        self.w13.shard_sizes = (intermediate,) * (2 * num_experts)
-        self.w2 = nn.Parameter(torch.empty(num_experts * hidden, intermediate, dtype=dtype),
-                               requires_grad=False)
-        self.w2.shard_sizes = (hidden,) * num_experts
+        # None once packed (prepare); shard_sizes: an attribute of ours on the Parameter
+        self.w13: nn.Parameter | None = nn.Parameter(
+            torch.empty(num_experts * 2 * intermediate, hidden, dtype=dtype), requires_grad=False)
+        setattr(self.w13, "shard_sizes", (intermediate,) * (2 * num_experts))
+        self.w2: nn.Parameter | None = nn.Parameter(
+            torch.empty(num_experts * hidden, intermediate, dtype=dtype), requires_grad=False)
+        setattr(self.w2, "shard_sizes", (hidden,) * num_experts)
         self.w13_packed: torch.Tensor | None = None
         self.w2_packed: torch.Tensor | None = None
 
@@ -90,6 +91,7 @@ class FusedMoE(nn.Module):
         code path has it; otherwise keep the plain weights for the torch path."""
         if mode != cpu_features.PANELS or not ops.has_fused_moe():
             return
+        assert self.w13 is not None and self.w2 is not None, "the experts are packed once"
         kp = ops.panel_k_pack(self.w13.dtype)
         e, i, h = self.num_experts, self.intermediate, self.hidden
         self.w13_packed = pack_experts(self.w13.data.view(e, 2 * i, h), kp)
@@ -103,10 +105,11 @@ class FusedMoE(nn.Module):
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         out = torch.empty_like(x2)
-        if self.w13_packed is not None:
+        if self.w13_packed is not None and self.w2_packed is not None:  # packed together
             ops.fused_moe(out, x2, self.w13_packed, self.w2_packed, topk_weights, topk_ids,
                           self.intermediate)
         else:
+            assert self.w13 is not None and self.w2 is not None, "unpacked: the plain weights"
             e, i, h = self.num_experts, self.intermediate, self.hidden
             reference.grouped_moe(out, x2, self.w13.view(e, 2 * i, h), self.w2.view(e, h, i),
                                   topk_weights, topk_ids)

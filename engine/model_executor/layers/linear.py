@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -78,21 +79,45 @@ def log_cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
     return choice
 
 
+class QuantMethod(Protocol):
+    """What a quantized checkpoint's method (layers/quantization) does for a layer."""
+
+    def process_weights(self, layer: Linear) -> None: ...
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
+
+
 class Linear(nn.Module):
+    # set by prepare(), or by a quantized checkpoint's method (layers/quantization)
+    in_features: int
+    out_features: int
+    # W8A8Int8's: the int8 weight's scales, and the weight packed for the kernel
+    weight_scale: nn.Parameter
+    input_scale: nn.Parameter | None
+    int8_packed: torch.Tensor
+    int8_scale: torch.Tensor
+    int8_comp: torch.Tensor
+    # WNA16's: the packed weight (packed, scales, zeros), its group size and input order
+    wna16: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    wna16_group: int
+    wna16_perm: torch.Tensor | None
+
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  shard_sizes: tuple[int, ...] | None = None):
         """shard_sizes: the rows of each fused part (q/k/v, gate/up), read by the loader."""
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
-                                   requires_grad=False)
+        # None once laid out (prepare) or quantized
+        self.weight: nn.Parameter | None = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype),
                                  requires_grad=False) if bias else None
         for p in (self.weight, self.bias):
             if p is not None and shard_sizes is not None:
-                p.shard_sizes = shard_sizes
+                setattr(p, "shard_sizes", shard_sizes)  # an attribute of ours on the Parameter
         self.packed: torch.Tensor | None = None   # oneDNN's layout
         self.panels: torch.Tensor | None = None   # the engine's (pack_panels)
-        self.quant_method = None  # a quantized checkpoint's (layers/quantization)
+        # a quantized checkpoint's (layers/quantization)
+        self.quant_method: QuantMethod | None = None
         # With panels: from this many rows, `packed` (or the plain weight) runs instead.
         self.large_rows: int | None = None
 
@@ -104,21 +129,22 @@ class Linear(nn.Module):
             return
         if mode == cpu_features.PLAIN:
             return
+        weight = self.weight
+        assert weight is not None, "a float layer's weight is laid out once"
         if mode == cpu_features.PANELS:
-            self.panels = pack_panels(self.weight.data, ops.panel_k_pack(self.weight.dtype))
-            large = cpu_large_m_choice(self.weight.dtype)
+            self.panels = pack_panels(weight.data, ops.panel_k_pack(weight.dtype))
+            large = cpu_large_m_choice(weight.dtype)
             self.large_rows = large.rows
             if large.rows is not None and large.mode == cpu_features.PREPACKED:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data,
-                                                                      large.rows)
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.data, large.rows)
             elif large.rows is not None:  # F.linear on the plain weight, kept
-                self.out_features = self.weight.shape[0]
+                self.out_features = weight.shape[0]
                 return
         elif mode == cpu_features.PREPACKED:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, batch_hint)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.data, batch_hint)
         else:
             raise ValueError(f"unknown linear mode {mode!r}")
-        self.out_features = self.weight.shape[0]
+        self.out_features = weight.shape[0]
         del self.weight
         self.weight = None
 
@@ -135,4 +161,5 @@ class Linear(nn.Module):
             return out.view(*x.shape[:-1], self.out_features)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        assert self.weight is not None, "a laid-out layer ran its panels or packed weight above"
         return F.linear(x, self.weight, self.bias)

@@ -84,6 +84,8 @@ def rope_tables(head_dim: int, p: dict, max_position: int,
 
 
 class RotaryEmbedding(nn.Module):
+    cos_sin_cache: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, head_dim: int, max_position: int, params: dict | float,
                  dtype: torch.dtype, max_model_len: int | None = None):
         super().__init__()

@@ -68,7 +68,9 @@ def process_logits(logits: torch.Tensor, seqs: list, eos_token_ids=()) -> torch.
     rows, cols, vals = [], [], []
     for i, p in enumerate(params):
         for t, b in (p.logit_bias or {}).items():
-            rows.append(i), cols.append(t), vals.append(float(b))
+            rows.append(i)
+            cols.append(t)
+            vals.append(float(b))
     if rows:
         logits.index_put_((torch.tensor(rows), torch.tensor(cols)),
                           torch.tensor(vals, dtype=logits.dtype), accumulate=True)
@@ -125,7 +127,7 @@ def record_logprobs(raw: torch.Tensor, seqs: list, tokens: list[int]) -> None:
     k = max(seqs[i].params.logprobs for i in rows)
     chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in rows])).squeeze(1).tolist()
     top_v, top_i = (lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long()))
-    top_v, top_i = top_v.tolist(), top_i.tolist()
+    top_vals, top_ids = top_v.tolist(), top_i.tolist()
     for j, i in enumerate(rows):
         n = seqs[i].params.logprobs
-        seqs[i].logprobs.append((chosen[j], list(zip(top_i[j][:n], top_v[j][:n]))))
+        seqs[i].logprobs.append((chosen[j], list(zip(top_ids[j][:n], top_vals[j][:n]))))

@@ -29,6 +29,12 @@ def _layer_types(c: ModelConfig) -> list[str]:
 
 
 class GemmaDecoderLayer(nn.Module):
+    # set by name in __init__ (_NORMS and the two around attention)
+    input_layernorm: GemmaRMSNorm
+    post_attention_layernorm: GemmaRMSNorm
+    pre_feedforward_layernorm: GemmaRMSNorm
+    post_feedforward_layernorm: GemmaRMSNorm
+
     def __init__(self, c: ModelConfig, layer_type: str, rotary: RotaryEmbedding,
                  dtype: torch.dtype):
         super().__init__()

@@ -118,7 +118,7 @@ class LlamaForCausalLM(CausalLM):
                                     for i in range(self.start_layer, end))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype) if last else None
         self.lm_head = Linear(c.hidden_size, vocab, False, dtype) if last else None
-        if c.tie_word_embeddings and last:
+        if c.tie_word_embeddings and self.lm_head is not None:  # the last stage
             self.lm_head.weight = self.embed_tokens
         self.embedding_multiplier = c.hf.get("embedding_multiplier", 1.0)  # Granite
         self.logits_scaling = c.hf.get("logits_scaling", 1.0)
@@ -129,6 +129,7 @@ class LlamaForCausalLM(CausalLM):
         pipeline stage before the last returns its (hidden, residual) instead,
         and a stage after the first starts from the `intermediate` it got."""
         if intermediate is None:
+            assert self.embed_tokens is not None, "the first stage embeds"
             x = parallel.embed(input_ids, self.embed_tokens)
             if self.embedding_multiplier != 1.0:
                 x = x * self.embedding_multiplier
@@ -140,6 +141,7 @@ class LlamaForCausalLM(CausalLM):
         if self.norm is None:
             return x, residual
         x, _ = self.norm(x, residual)
+        assert self.lm_head is not None, "the last stage has the norm and the LM head"
         logits = parallel.gather_logits(self.lm_head(x[last_token_index]), self.config.vocab_size)
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 

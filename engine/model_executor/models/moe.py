@@ -70,18 +70,19 @@ class MoeForCausalLM(LlamaForCausalLM):
         out = super().checkpoint_map()
         block, (gate, up, down) = _EXPERT_NAMES[self.config.model_type]
         for i, layer in enumerate(self.layers):
-            if not hasattr(layer, "moe"):
+            moe = getattr(layer, "moe", None)
+            if not isinstance(moe, SparseMoeBlock):  # a dense layer
                 continue
             p, ours = f"model.layers.{self.start_layer + i}.", f"layers.{i}.moe."  # a pp stage's
             for name in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
                 del out[p + name]
             out[f"{p}{block}.gate.weight"] = (ours + "gate.weight", None)
-            for e in range(layer.moe.experts.num_experts):
+            for e in range(moe.experts.num_experts):
                 q = f"{p}{block}.experts.{e}."
                 out[f"{q}{gate}.weight"] = (ours + "experts.w13", 2 * e)
                 out[f"{q}{up}.weight"] = (ours + "experts.w13", 2 * e + 1)
                 out[f"{q}{down}.weight"] = (ours + "experts.w2", e)
-            if layer.moe.shared:
+            if moe.shared:
                 for name, (param, part) in zip(_SHARED, (
                         ("shared_gate_up.weight", 0), ("shared_gate_up.weight", 1),
                         ("shared_down.weight", None), ("shared_expert_gate.weight", None))):

@@ -2,11 +2,16 @@
 and the checkpoint_map the loader reads (engine.model_executor.model_loader)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from engine.model_executor.layers.fused_moe import FusedMoE
 from engine.model_executor.layers.linear import Linear
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
 
 
 def param(*shape, dtype) -> nn.Parameter:
@@ -18,7 +23,7 @@ def checkpoint_map(top: dict[str, str], layer_prefix: str, num_layers: int,
     """checkpoint tensor -> (our parameter, part): `top` names whole parameters;
     `layer` maps each layer's checkpoint suffixes under `layer_prefix`{first + i}.
     to ours under layers.{i} (a pipeline stage holds layers from `first` on)."""
-    out = {key: (name, None) for key, name in top.items()}
+    out: dict[str, tuple[str, int | None]] = {key: (name, None) for key, name in top.items()}
     for i in range(num_layers):
         for suffix, (name, part) in layer.items():
             out[f"{layer_prefix}{first + i}.{suffix}"] = (f"layers.{i}.{name}", part)
@@ -27,6 +32,14 @@ def checkpoint_map(top: dict[str, str], layer_prefix: str, num_layers: int,
 
 class CausalLM(nn.Module):
     """The runner's side of a model: linear layouts and attention layers."""
+
+    config: ModelConfig
+    layers: nn.ModuleList  # this pipeline stage's decoder layers
+
+    def checkpoint_map(self) -> dict:
+        """checkpoint tensor -> (our parameter, part), which the loader reads
+        by (engine.model_executor.model_loader); every model has its own."""
+        raise NotImplementedError
 
     def prepare_linear(self, mode: str) -> None:
         """Every linear layer and expert laid out for `mode` (engine.platforms.cpu_features)."""

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from engine.model_executor.layers.linear import Linear
 from engine.model_executor.layers.quantization import wna16_formats
@@ -18,9 +17,13 @@ from engine.model_executor.layers.quantization.compressed_tensors import (
 from engine.model_executor.layers.quantization.gptq_awq import AWQConfig, GPTQConfig
 from engine.model_executor.layers.quantization.wna16 import WNA16
 
+if TYPE_CHECKING:
+    from engine.model_executor.models.weights import CausalLM
+
 __all__ = ["apply", "config_for", "SUPPORTED"]
 
-_CONFIGS = {METHOD: CompressedTensorsConfig, "gptq": GPTQConfig, "awq": AWQConfig}
+_CONFIGS: dict[str, type[CompressedTensorsConfig | GPTQConfig | AWQConfig]] = {
+    METHOD: CompressedTensorsConfig, "gptq": GPTQConfig, "awq": AWQConfig}
 
 
 def config_for(path: Path):
@@ -42,7 +45,7 @@ def config_for(path: Path):
     return _CONFIGS[method].parse(qc, str(path))
 
 
-def checkpoint_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
+def checkpoint_names(model: CausalLM) -> dict[str, tuple[str, ...]]:
     """Each of our linear layers -> the checkpoint layers behind it, in the
     order they are fused ("layers.3.qkv" -> model.layers.3.self_attn.{q,k,v}_proj),
     read from the model's own checkpoint_map (the loader fuses by it too)."""
@@ -53,7 +56,7 @@ def checkpoint_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
     return {layer: tuple(k for _, k in sorted(ks)) for layer, ks in parts.items()}
 
 
-def apply(model: nn.Module, path: Path) -> set[str]:
+def apply(model: CausalLM, path: Path) -> set[str]:
     """Give every quantized linear layer of `model` its method (no-op for a
     float checkpoint); read and pack the weight-only ones. Returns the
     checkpoint tensors read here, which the loader leaves alone."""
@@ -73,7 +76,7 @@ def apply(model: nn.Module, path: Path) -> set[str]:
     return _load_wna16(model, path, config, wna16) if wna16 else set()
 
 
-def _load_wna16(model: nn.Module, path: Path, config, layers: list) -> set[str]:
+def _load_wna16(model: CausalLM, path: Path, config, layers: list) -> set[str]:
     read = wna16_formats.load(path, config, layers, model.config)
     # the engine's loader reads the rest: neither these layers' .weight nor their tensors
     return {f"{n}.weight" for _, names, _ in layers for n in names} | set(read)

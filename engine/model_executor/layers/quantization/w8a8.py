@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from engine import ops
-from engine.model_executor.layers.linear import pack_panels
+from engine.model_executor.layers.linear import Linear, pack_panels
 from engine.platforms import cpu_hugepages
 
 PANEL = ops.PANEL
@@ -46,19 +46,21 @@ class W8A8Int8:
     def __hash__(self) -> int:
         return hash(self.static_input)
 
-    def create_weights(self, layer: nn.Module) -> None:
+    def create_weights(self, layer: Linear) -> None:
+        assert layer.weight is not None, "the float layer, before its weights are read"
         n, k = layer.weight.shape
         sizes = getattr(layer.weight, "shard_sizes", None)  # fused parts, for the loader
         # read once, packed, then freed: in a mapping of its own, given back when freed
         layer.weight = _param(cpu_hugepages.transient((n, k), torch.int8))
         layer.weight_scale = _param(torch.empty(n, 1, dtype=torch.float32))
         if sizes is not None:
-            layer.weight.shard_sizes = layer.weight_scale.shard_sizes = sizes
+            setattr(layer.weight, "shard_sizes", sizes)
+            setattr(layer.weight_scale, "shard_sizes", sizes)
         layer.input_scale = _param(torch.empty(1, dtype=torch.float32)) if self.static_input \
             else None
         layer.quant_method = self
 
-    def process_weights(self, layer: nn.Module) -> None:
+    def process_weights(self, layer: Linear) -> None:
         """Pack the loaded weight for the kernel; the [N, K] copy is freed."""
         if layer.weight is None:
             return
@@ -68,7 +70,7 @@ class W8A8Int8:
         del layer.weight
         layer.weight = None
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         self.process_weights(layer)
         x2 = x.reshape(-1, x.shape[-1])
         if x2.stride(-1) != 1:

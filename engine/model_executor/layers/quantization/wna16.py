@@ -16,12 +16,15 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from engine import ops
 from engine.platforms import cpu_hugepages
+
+if TYPE_CHECKING:
+    from engine.model_executor.layers.linear import Linear
 
 PANEL = ops.PANEL
 #: rows from which a layer dequantises its weight and runs torch's GEMM: the
@@ -92,13 +95,14 @@ class WNA16:
     group_size: int | None
     symmetric: bool = True
 
-    def create_weights(self, layer: nn.Module) -> None:
+    def create_weights(self, layer: Linear) -> None:
+        assert layer.weight is not None, "the float layer, before its weights are read"
         layer.in_features, layer.out_features = layer.weight.shape[1], layer.weight.shape[0]
         del layer.weight  # the float placeholder: the loader reads no .weight for this layer
         layer.weight = None
         layer.quant_method = self
 
-    def set_weights(self, layer: nn.Module, q: torch.Tensor, scales: torch.Tensor,
+    def set_weights(self, layer: Linear, q: torch.Tensor, scales: torch.Tensor,
                     zeros: torch.Tensor, perm: torch.Tensor | None, group_size: int) -> None:
         """The layer's weight in the one form, packed; perm: the order in which
         the kernel reads the input's columns (act-order), None for as they are."""
@@ -106,17 +110,17 @@ class WNA16:
         layer.wna16_group = group_size
         layer.wna16_perm = perm
 
-    def process_weights(self, layer: nn.Module) -> None:
+    def process_weights(self, layer: Linear) -> None:
         """Nothing left to lay out: set_weights packed the weight."""
 
     @staticmethod
-    def _amx_runs(layer: nn.Module, x2: torch.Tensor) -> bool:
+    def _amx_runs(layer: Linear, x2: torch.Tensor) -> bool:
         """AMX tiles (wna16_linear from 16 rows; bfloat16, groups of 32s) beat the
         dequantised weight and a GEMM up to AMX_MAX_M rows."""
         return (x2.shape[0] < AMX_MAX_M and x2.dtype == torch.bfloat16
                 and layer.wna16_group % 32 == 0 and ops.amx_in_use())
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         if layer.wna16_perm is not None:
             x2 = x2.index_select(1, layer.wna16_perm)

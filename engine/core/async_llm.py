@@ -71,6 +71,7 @@ class AsyncLLM:
     async def run(self, on_dead=None) -> None:
         """start(), then wait until shutdown() (a task beside the server)."""
         self.start(on_dead)
+        assert self._reader is not None
         try:
             await self._reader
         except asyncio.CancelledError:
@@ -87,6 +88,7 @@ class AsyncLLM:
         self.client.shutdown()
 
     def _core_exited(self) -> None:
+        assert self._sentinel is not None
         asyncio.get_running_loop().remove_reader(self._sentinel)
         self._sentinel = None
         self._die(self.client.core.how_it_ended())
@@ -170,6 +172,7 @@ class AsyncLLM:
             self.add([state])
         self._unread.discard(state.request_id)
         queue = state.queue
+        assert queue is not None  # add() gave it one
         finished = False
         try:
             while True:

@@ -157,7 +157,7 @@ class AsyncMPClient:
     def wait_ready(self, interrupted=lambda: False) -> EngineCoreReady:
         """Block until the core says it is ready (EngineCoreStartError when it
         cannot start; Interrupted when interrupted() turns true meanwhile)."""
-        sync = zmq.Socket.shadow(self.output.underlying)
+        sync: zmq.Socket = zmq.Socket.shadow(self.output.underlying)
         while not sync.poll(100):
             if interrupted():
                 raise Interrupted("stopped while the engine core was loading the model")
@@ -178,7 +178,8 @@ class AsyncMPClient:
                                              self.encoder.encode(request_ids)))
 
     async def get_output(self) -> EngineCoreOutputs:
-        return self.decoder.decode(await self.output.recv(copy=False))
+        frame = await self.output.recv(copy=False)
+        return self.decoder.decode(frame.buffer)
 
     def shutdown(self) -> None:
         if not self.core.owns:  # the other API servers still use it
@@ -197,7 +198,7 @@ def core_in_thread(core, clients: int = 1) -> CoreProcess:
     """An engine core already built in this process, stepped by a thread of
     its own behind the same sockets (tests: they reach into the core)."""
     proc = CoreProcess(str(core.path), "", {}, clients)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
 
     def main():
         from engine.core.engine_core_proc import connect_outputs

@@ -43,7 +43,7 @@ class IncrementalDetokenizer:
     streamed text (never a partial character or the start of a stop string)
     and says the final text."""
 
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str] = (),
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str] | tuple[str, ...] = (),
                  include_stop_str_in_output: bool = False, min_tokens: int = 0):
         from tokenizers.decoders import DecodeStream
 

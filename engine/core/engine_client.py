@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from engine.config import ModelConfig
     from engine.core.messages import SchedulerStats
     from engine.core.output_processor import RequestState, RequestUpdate
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
 
 class EngineClient(Protocol):
     model_config: ModelConfig
-    tokenizer: object  # a tokenizers.Tokenizer
+    tokenizer: Tokenizer
     max_model_len: int
     max_waiting: int | None  # requests that may wait for their first step (None: no bound)
     dead: str | None  # why the engine core stopped, once it has

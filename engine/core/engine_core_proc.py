@@ -58,7 +58,7 @@ class EngineCoreProc:
         self.stopped = False
         self.chunks = None
         scheduler = getattr(core, "scheduler", None)  # -dp: the replicas size their own
-        if size_chunks and getattr(scheduler, "enable_chunked_prefill", False):
+        if scheduler is not None and size_chunks and scheduler.enable_chunked_prefill:
             self.chunks = PromptChunkSizer(scheduler.max_num_batched_tokens)
             scheduler.prompt_tokens_cap = self.chunks.cap()
 

@@ -68,7 +68,7 @@ class RequestState:
         if self._detokenizer is None:
             p = self.params
             self._detokenizer = IncrementalDetokenizer(
-                self.tokenizer, self.token_ids[:self.num_prompt_tokens], p.stop,
+                self.tokenizer, self.token_ids[:self.num_prompt_tokens], list(p.stop or ()),
                 p.include_stop_str_in_output, p.min_tokens)
         return self._detokenizer
 
@@ -132,13 +132,15 @@ class OutputProcessor:
                 and len(update.new_token_ids) < self.stream_interval):
             state.pending = update
         else:
+            assert state.queue is not None
             state.queue.put_nowait(update)
 
     def _apply(self, state: RequestState, o: EngineCoreOutput, now: float) -> RequestUpdate:
         ids = o.new_token_ids
         detok = state.detokenizer
         kept = detok.add(ids)
-        reason, stop_reason = o.finish_reason, o.stop_reason
+        reason = o.finish_reason
+        stop_reason: str | int | None = o.stop_reason
         if kept is not None:  # a stop string: the tokens after it never happened
             ids, reason, stop_reason = ids[:kept], "stop", detok.stop_string
         state.token_ids += ids

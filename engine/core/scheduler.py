@@ -161,9 +161,10 @@ class Scheduler:
             allowed = min(budget, chunk if left <= chunk else long_left)
             if allowed == 0:
                 break
-            n = self._admit(head, allowed, computed)
-            if n is None:
+            got = self._admit(head, allowed, computed)
+            if got is None:
                 break
+            n = got
             long_left = max(long_left - n, 0)
             seq = self.waiting.popleft()
             self.running.append(seq)
@@ -179,7 +180,8 @@ class Scheduler:
         self.blocks.unpin_all()
 
     def _schedule_prefill_first(self) -> list[Sequence]:
-        batch, tokens = [], 0
+        batch: list[Sequence] = []
+        tokens = 0
         while self.waiting and len(self.running) + len(batch) < self.max_num_seqs:
             seq = self.waiting[0]
             # whole prompts: the budget (>= max_model_len) bounds the batch, not a prompt

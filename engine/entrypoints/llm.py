@@ -72,7 +72,8 @@ class LLM:
             prompts = [prompts]
         prompts = [_prompt(p, i) if isinstance(p, dict) else p for i, p in enumerate(prompts)]
         params = sampling_params or self.get_default_sampling_params()
-        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        params = list(params) if not isinstance(params, SamplingParams) else \
+            [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         batch = next(self._batches)

@@ -58,7 +58,10 @@ class DPEngineCore:
         self.assigned = [0] * dp  # requests each replica was given, ever
         self.stats = [SchedulerStats()] * dp
         self._pending: deque = deque()  # messages read, not yet applied
-        self.procs, self.conns, self.dead, self._closing = [], [], None, False
+        self.procs: list = []
+        self.conns: list = []
+        self.dead: str | None = None
+        self._closing = False
         ctx = mp.get_context("spawn")
         try:
             for rank in range(dp):

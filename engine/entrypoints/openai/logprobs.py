@@ -18,7 +18,8 @@ def completion_logprobs(tokenizer, token_ids: list[int], entries: list,
     """entries: (logprob, [(id, logprob), ...]) per token, or None (the
     prompt's first token: nothing before it to score it); offset: where the
     first token's text starts in the choice's text."""
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                            "text_offset": []}
     for token, entry in zip(token_ids, entries):
         text = _text(tokenizer, token)
         out["tokens"].append(text)
@@ -47,7 +48,7 @@ def vllm_prompt_logprobs(tokenizer, seq) -> list:
     """vLLM's `prompt_logprobs` field: None for the first prompt token, then
     per token {id: {logprob, rank, decoded_token}}, the prompt's token first
     and then the top ones."""
-    out = [None]
+    out: list[dict | None] = [None]
     for token, (lp, rank, top) in zip(seq.token_ids[1:seq.num_prompt_tokens],
                                       seq.prompt_logprobs):
         entry = {str(token): {"logprob": _lp(lp), "rank": rank,

@@ -26,7 +26,7 @@ def _is_set(value, default) -> bool:
 
 
 # name -> the value that means "unset" (anything else is refused by name)
-REFUSED_COMMON = {"use_beam_search": False, "best_of": None, "length_penalty": 1.0,
+REFUSED_COMMON: dict[str, object] = {"use_beam_search": False, "best_of": None, "length_penalty": 1.0,
                   "allowed_token_ids": None, "bad_words": [],
                   "truncate_prompt_tokens": None, "guided_json": None, "guided_regex": None,
                   "guided_choice": None, "guided_grammar": None, "structured_outputs": None,

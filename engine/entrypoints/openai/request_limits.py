@@ -55,7 +55,8 @@ class BodySizeLimit:
             # the server ends the body at Content-Length: nothing to count
             await self.app(scope, receive, send)
             return
-        held, size = deque(), 0
+        held: deque = deque()
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # http.disconnect: nobody to answer

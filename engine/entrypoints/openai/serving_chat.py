@@ -42,10 +42,10 @@ async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
     if clash:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(clash)}: give them "
                        f"as the request's own fields", "chat_template_kwargs")
-    messages = _messages(body)
+    messages, template = _messages(body), state.chat_template
     try:  # in a worker thread, bounded in time and size (chat_utils): templates are code
         text = await asyncio.get_running_loop().run_in_executor(None, lambda: chat_utils.render(
-            state.chat_template, messages, add_generation_prompt=body.add_generation_prompt,
+            template, messages, add_generation_prompt=body.add_generation_prompt,
             tokens={**state.special_tokens, **kwargs}, tools=None, documents=None))
     except chat_utils.ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages") from None

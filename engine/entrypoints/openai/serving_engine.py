@@ -14,7 +14,8 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.core.async_llm import EngineDeadError, QueueFullError, RequestFailedError
+from engine.core.async_llm import (EngineDeadError, QueueFullError, RequestFailedError,
+                                   RequestUpdate)
 from engine.core.engine_client import EngineClient
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
@@ -190,7 +191,7 @@ def usage_per_chunk(body, seqs):
 # ---- running -----------------------------------------------------------------
 
 
-async def run(state: ServerState, seqs) -> AsyncIterator[tuple[int, object]]:
+async def run(state: ServerState, seqs) -> AsyncIterator[tuple[int, RequestUpdate]]:
     """(choice index, update) for every sequence (admitted), as they come;
     stopping early (the client went away) aborts every sequence."""
     if len(seqs) == 1:  # the common case, without a task per sequence

@@ -114,7 +114,7 @@ class _Head:
             else None,
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
             "metadata": b.metadata, "temperature": b.temperature, "top_p": b.top_p,
-            "output": [self.message(text, "completed")] if done else [],
+            "output": [self.message(text or "", "completed")] if done else [],
             "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
             "previous_response_id": None, "reasoning": None, "store": False,
             "background": False, "text": {"format": {"type": "text"}}, "truncation": "disabled",

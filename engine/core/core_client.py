@@ -58,9 +58,9 @@ class CoreProcess:
                                 args=(self.model, self.dtype, self.engine_args, self.addresses,
                                       os.getpid(), logging.getLogger("engine").level or
                                       logging.INFO))
-        from engine.executor.multiproc_executor import _main_not_rerun
+        from engine.spawn import main_not_rerun
 
-        with _main_not_rerun():
+        with main_not_rerun():
             self.proc.start()
 
     owns = True  # its client stops it

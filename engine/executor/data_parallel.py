@@ -24,7 +24,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine.distributed.parallel_state import RankDiedError, replica_bindings
 from engine.engine_args import create_engine_config
-from engine.executor.multiproc_executor import _main_not_rerun
+from engine.spawn import main_not_rerun
 from engine.executor import dp_replica
 
 logger = logging.getLogger("engine")
@@ -69,7 +69,7 @@ class DPEngineCore:
                 # not a daemon: a replica with -tp > 1 starts processes of its own
                 proc = ctx.Process(target=dp_replica.replica_main, name=f"dp-rank-{rank}",
                                    args=(rank, str(c.path), dtype, engine_args, child))
-                with _main_not_rerun():
+                with main_not_rerun():
                     proc.start()
                 child.close()
                 self.procs.append(proc)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing as mp
-import sys
 import threading
-from contextlib import contextmanager
 from multiprocessing.connection import wait
 
 from engine.core.kv_cache_manager import BlockManager
+from engine.spawn import main_not_rerun
 from engine.core.sequence import Sequence
 from engine.distributed import parallel_state
 from engine.distributed.parallel_state import (DistInit, RankDiedError, free_port,
@@ -51,7 +50,7 @@ class MultiprocExecutor:
                 proc = ctx.Process(target=tp_worker.worker_main, daemon=True,
                                    args=(rank, config, bindings[rank], dist, child),
                                    name=f"tp-rank-{rank}")
-                with _main_not_rerun():
+                with main_not_rerun():
                     proc.start()
                 child.close()
                 self.procs[rank], self.conns[rank] = proc, parent
@@ -136,20 +135,3 @@ class MultiprocExecutor:
             if proc.is_alive():
                 proc.kill()
         parallel_state.destroy()
-
-
-@contextmanager
-def _main_not_rerun():
-    """A spawned process re-runs the parent's __main__ script first (to find
-    pickled functions); a rank needs nothing from it, and a script without an
-    `if __name__ == "__main__"` guard would start an engine again in every
-    rank. Hiding the script's path for the start skips that."""
-    main = sys.modules["__main__"]
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)

@@ -185,7 +185,7 @@ def _serve_many(args, listener, core, stop_asked) -> int:
     """Start the core and N API server processes on `listener`; wait until
     a signal, or until one of them exits (then stop the rest)."""
     from engine.core.core_client import STOP_GRACE_S
-    from engine.executor.multiproc_executor import _main_not_rerun
+    from engine.spawn import main_not_rerun
 
     # counters and histograms of N processes, summed by /metrics in each of them
     metrics_dir = tempfile.mkdtemp(prefix="vllm-engine-metrics-")
@@ -194,7 +194,7 @@ def _serve_many(args, listener, core, stop_asked) -> int:
     servers = []
     try:
         core.start()
-        with _main_not_rerun():
+        with main_not_rerun():
             for i in range(len(core.addresses.inputs)):
                 p = ctx.Process(target=_api_server_main, name=f"APIServer-{i}",
                                 args=(args, listener, core.addresses, core.proc.pid, i))

@@ -42,7 +42,8 @@ def _app(api_key=None):
 
     llm = types.SimpleNamespace(tokenizer=None, model_config=types.SimpleNamespace(vocab_size=8),
                                 dead=None)
-    state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=None, model_names=["m"])
+    state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=None, model_names=["m"],
+                                  max_body_bytes=None)
     return TestClient(build_app(state))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.messages import EngineCoreOutput, EngineCoreRequest
+from engine.core.sequence import PromptAndOutput
 from engine.sampling_params import SamplingParams
 
 
@@ -34,7 +35,7 @@ class EngineDeadError(RuntimeError):
     """The engine core stopped: every request ends."""
 
 
-class RequestState:
+class RequestState(PromptAndOutput):
     """One request as the front end sees it: its prompt, its output so far,
     and when its tokens came (the server's latency metrics)."""
 
@@ -71,14 +72,6 @@ class RequestState:
                 self.tokenizer, self.token_ids[:self.num_prompt_tokens], list(p.stop or ()),
                 p.include_stop_str_in_output, p.min_tokens)
         return self._detokenizer
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def finished(self) -> bool:

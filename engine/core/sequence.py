@@ -34,7 +34,23 @@ _REASONS = {RequestStatus.FINISHED_STOPPED: "stop",
             RequestStatus.FINISHED_ABORTED: "abort"}
 
 
-class Sequence:
+class PromptAndOutput:
+    """token_ids: the prompt's num_prompt_tokens, then the output's (a
+    request in the core, and its state in the front end)."""
+
+    token_ids: list[int]
+    num_prompt_tokens: int
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+class Sequence(PromptAndOutput):
     """One request: its tokens (prompt then output), its KV blocks, its state."""
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -96,11 +112,3 @@ class Sequence:
         start = max(self.num_computed_tokens, len(self.prompt_logprobs))
         return range(start, min(self.num_computed_tokens + self.num_scheduled_tokens,
                                 self.num_prompt_tokens - 1))
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens

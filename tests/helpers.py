@@ -336,6 +336,21 @@ def http_status(url: str) -> int:
         return 0
 
 
+def wait_for_health(proc, url: str, output, timeout: float = 180) -> None:
+    """Until a starting `engine serve` at url answers /health 200; an
+    AssertionError with output() when it exits first or takes longer."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"engine serve exited {proc.returncode}:\n{output()}")
+        if http_status(url + "/health") == 200:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"engine serve did not come up in {timeout:.0f} s:\n{output()}")
+
+
 def assert_dies_with_503(proc, url: str, log: Path, needle: str) -> None:
     """A server whose rank or replica was just killed: /health 503 within 5 s,
     then exit 1 with `needle` (the rank named) in its log."""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, free_port
+from helpers import REPO, free_port, wait_for_health
 
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 httpx = pytest.importorskip("httpx2", reason="httpx2 comes with openai")
@@ -51,19 +51,11 @@ class ServerProcess:
             [sys.executable, "-m", "engine.cli", "serve", str(model), "--port", str(self.port),
              "--dtype", "float32", "--block-size", str(BLOCK), "--max-model-len",
              str(MAX_MODEL_LEN), *extra], env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"engine serve exited {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.close()
-        raise AssertionError(f"engine serve did not come up in 180 s:\n{self.output()}")
+        try:
+            wait_for_health(self.proc, self.url, self.output)
+        except AssertionError:
+            self.close()
+            raise
 
     def output(self) -> str:
         self.log.flush()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, free_port
+from helpers import REPO, free_port, wait_for_health
 
 httpx = pytest.importorskip("httpx")
 
@@ -46,16 +46,7 @@ class Server:
             self.wait_healthy()
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.output()
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"no /health in 180 s:\n{self.output()}")
+        wait_for_health(self.proc, self.url, self.output)
 
     def core_pid(self) -> int:
         """The engine core process: the server's child that is not

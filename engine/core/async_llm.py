@@ -219,17 +219,17 @@ class AsyncLLM:
         return self.tokenizer.decode(ids)
 
 
-def start_engine(model: str, dtype: str, engine_args: dict, interrupted=lambda: False,
-                 clients: int = 1) -> tuple[CoreProcess, AsyncMPClient, EngineCoreReady]:
-    """Start the engine core process and wait until it is ready (minutes,
-    for a large model): EngineCoreStartError with the core's one line when it
-    cannot load the model, Interrupted when interrupted() turns true."""
-    core = CoreProcess(model, dtype, engine_args, clients)
+def start_engine(core: CoreProcess, interrupted=lambda: False
+                 ) -> tuple[AsyncMPClient, EngineCoreReady]:
+    """Start the engine core process, as this process's one client of it, and
+    wait until it is ready (minutes, for a large model): EngineCoreStartError
+    with the core's one line when it cannot load the model, Interrupted when
+    interrupted() turns true; the core is stopped either way."""
     client = None
     try:
         client = AsyncMPClient(core)
         core.start()
-        return core, client, client.wait_ready(interrupted)
+        return client, client.wait_ready(interrupted)
     except BaseException:
         if client is not None:
             client.shutdown()

@@ -201,13 +201,10 @@ def core_in_thread(core, clients: int = 1) -> CoreProcess:
     ctx: zmq.Context = zmq.Context.instance()
 
     def main():
-        from engine.core.engine_core_proc import connect_outputs
+        from engine.core.engine_core_proc import connect_outputs, ready_message
 
         outputs = connect_outputs(ctx, proc.addresses)
-        c = core.engine_config
-        ready = EngineCoreReady(core.max_model_len, c.num_blocks, c.block_size,
-                                str(core.dtype).replace("torch.", ""),
-                                c.max_num_batched_tokens, 0.0)
+        ready = ready_message(core, 0.0)
         for sock in outputs:
             sock.send(msgspec.msgpack.encode(ready))
         loop = EngineCoreProc(core, ctx, proc.addresses, outputs)

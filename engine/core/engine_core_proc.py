@@ -175,6 +175,15 @@ def connect_outputs(ctx: zmq.Context, addresses: CoreAddresses) -> list:
     return socks
 
 
+def ready_message(core, warm_up_s: float) -> EngineCoreReady:
+    """What the core tells its API servers once loaded (-dp: every replica's
+    blocks together)."""
+    c = core.engine_config
+    return EngineCoreReady(core.max_model_len, c.num_blocks * c.data_parallel_size,
+                           c.block_size, str(core.dtype).replace("torch.", ""),
+                           c.max_num_batched_tokens, warm_up_s)
+
+
 def warm_up(core) -> float:
     """A short prefill and a few batched decode steps, greedy and sampled,
     before the server says ready: the first requests then find the kernels
@@ -214,11 +223,7 @@ def run_engine_core(model: str, dtype: str, engine_args: dict, addresses: CoreAd
         from engine.executor.data_parallel import engine_core
 
         core = engine_core(model, dtype, **engine_args)
-        warm = warm_up(core)
-        c = core.engine_config
-        ready = EngineCoreReady(core.max_model_len, c.num_blocks * c.data_parallel_size,
-                                c.block_size, str(core.dtype).replace("torch.", ""),
-                                c.max_num_batched_tokens, warm)
+        ready = ready_message(core, warm_up(core))
     except Exception as exc:  # noqa: BLE001 - the server prints the one line and exits
         line = f"{exc}".splitlines()[0] if isinstance(exc, ValueError) else \
             f"{type(exc).__name__}: {exc}".splitlines()[0]

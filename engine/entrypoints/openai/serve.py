@@ -62,18 +62,11 @@ def serve(args) -> int:
     core = CoreProcess(str(front.path), args.dtype, cli_engine_args(args), clients=count)
     if count > 1:
         return _serve_many(args, listener, core, stop_asked)
-    from engine.core.core_client import AsyncMPClient
+    from engine.core.async_llm import start_engine
 
-    client = None
     try:
-        client = AsyncMPClient(core)
-        core.start()
-        ready = client.wait_ready(interrupted=lambda: bool(stop_asked))
+        client, ready = start_engine(core, interrupted=lambda: bool(stop_asked))
     except (Interrupted, EngineCoreStartError) as exc:
-        if client is not None:
-            client.shutdown()
-        else:
-            core.stop()
         print(f"{exc}; nothing was served" if isinstance(exc, Interrupted) else f"error: {exc}",
               file=sys.stderr)
         return 1

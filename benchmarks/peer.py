@@ -18,8 +18,15 @@ def peer_env(threads: str = "0-1", kv_gib: str = "1") -> dict[str, str]:
     """The environment both engines run under in a comparison."""
     cpus = threads.split("-")
     n = int(cpus[-1]) - int(cpus[0]) + 1 if len(cpus) == 2 else len(threads.split(","))
-    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": kv_gib, "VLLM_CPU_OMP_THREADS_BIND": threads,
+    from engine.omp_wait_policy import DEFAULT_SPINCOUNT
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    return {**env, "VLLM_CPU_KVCACHE_SPACE": kv_gib, "VLLM_CPU_OMP_THREADS_BIND": threads,
             "OMP_NUM_THREADS": str(n), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            # libgomp's default, for both engines, whatever the machine's load as each
+            # starts: the engine would choose PASSIVE beside the benchmark's own start-up
+            # work (engine/omp_wait_policy.py), and measure that choice, not the engine
+            "GOMP_SPINCOUNT": DEFAULT_SPINCOUNT,
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             # vLLM logs to stdout by default: to stderr, the log file, so that a child's
             # stdout holds only its answers and a failure's root cause is in its log

@@ -11,10 +11,19 @@ engine starts, the engine asks for PASSIVE. Busy means now, not a minute ago:
 on quiet cores PASSIVE halves decode (a 2-core Xeon, small fp32 Llama, 1
 request 207 -> 92 tok/s) and slows prefill 10%, and the load average still
 counts work that has just ended (a benchmark's previous engine), so a high
-load is confirmed by the runnable tasks of this instant. An OMP_WAIT_POLICY or
+load is confirmed by the runnable tasks of the last 100 ms (not of one
+instant: a launcher polling /health every 200 ms, 30 ms of CPU each, read as
+a busy CPU in a 5-ms window, and made every served engine it started PASSIVE). An OMP_WAIT_POLICY or
 GOMP_SPINCOUNT that is set is never changed. libgomp reads these when it
 loads, with torch: a process that imported torch before the engine keeps
 what it had. (Not under engine/platforms/: that package imports torch.)
+
+One engine decides once, in the process that starts it: the choice is
+written to the environment (to keep spinning: libgomp's own default spin
+count, GOMP_SPINCOUNT=300000), so the engine core, replicas and workers it
+spawns inherit it. Re-deciding there would count the server's own start-up
+(its tokenizer loading beside the core) as other work and make every served
+engine PASSIVE: measured, 1-client served decode 95 instead of 230 tok/s.
 """
 from __future__ import annotations
 
@@ -25,6 +34,8 @@ from typing import Mapping, MutableMapping
 
 #: other work, in CPUs kept busy on average, at which the allowed CPUs count as shared
 BUSY_CPUS = 0.5
+#: libgomp's spin count when OMP_WAIT_POLICY is unset (and threads <= CPUs)
+DEFAULT_SPINCOUNT = "300000"
 
 
 def load_average() -> float | None:
@@ -34,9 +45,9 @@ def load_average() -> float | None:
         return None
 
 
-def running_others(samples: int = 5, gap_s: float = 0.001) -> float | None:
-    """Other tasks runnable right now, system-wide (procs_running of /proc/stat,
-    less this one), averaged over a few samples a millisecond apart."""
+def running_others(samples: int = 20, gap_s: float = 0.005) -> float | None:
+    """Other tasks runnable now, system-wide (procs_running of /proc/stat, less
+    this one), averaged over `samples` taken `gap_s` apart."""
     seen = []
     for i in range(samples):
         try:
@@ -67,11 +78,15 @@ def choose(env: Mapping[str, str], load: float | None, cpus: int,
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Set OMP_WAIT_POLICY as choose() says, if torch (and libgomp) is not loaded yet."""
+    """Set OMP_WAIT_POLICY as choose() says, if torch (and libgomp) is not
+    loaded yet and nothing is set; a choice to spin is written as libgomp's
+    default GOMP_SPINCOUNT, for the processes this one spawns."""
     environ = os.environ if environ is None else environ
-    if "torch" in sys.modules:
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
         return None
     policy = choose(environ, load_average(), len(os.sched_getaffinity(0)))
     if policy:
         environ["OMP_WAIT_POLICY"] = policy
+    else:
+        environ["GOMP_SPINCOUNT"] = DEFAULT_SPINCOUNT
     return policy

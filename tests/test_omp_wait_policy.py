@@ -49,6 +49,22 @@ def test_a_given_setting_is_kept(monkeypatch):
         assert wp.choose(given, load=4.0, cpus=2, running=busy(4.0)) is None
 
 
+def test_the_choice_is_inherited_not_remade(monkeypatch):
+    """A spawned engine core must not count its own server's start-up as other
+    work: whatever the first process chose, its children find it set."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(wp, "load_average", lambda: 0.0)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    env: dict[str, str] = {}
+    assert wp.apply(env) is None and env == {"GOMP_SPINCOUNT": wp.DEFAULT_SPINCOUNT}
+    monkeypatch.setattr(wp, "load_average", lambda: 9.0)
+    monkeypatch.setattr(wp, "running_others", lambda: 9.0)
+    child = dict(env)
+    assert wp.apply(child) is None and child == env  # busy now, but the choice was made
+    env = {}
+    assert wp.apply(env) == "PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 @pytest.mark.slow  # a Python start with torch
 def test_import_engine_sets_it_before_torch_loads():
     probe = ("import os; os.getloadavg = lambda: (9.0, 9.0, 9.0)\n"

@@ -101,6 +101,10 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)
     app = build_app(state)
+    # starlette's request.is_disconnected() imports anyio's asyncio backend on
+    # first use: ~50 ms of imports inside the first long request's wait, while
+    # /health and every stream wait behind it
+    import anyio._backends._asyncio  # noqa: F401
     # the start-up heap (FastAPI, the tokenizer, pydantic's models) lives until
     # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+from engine.core.long_text import encode_long
 from engine.core.output_processor import RequestState
 from engine.sampling_params import SamplingParams
 
-# Texts longer than this are tokenized in a worker thread by encode_batch,
-# which releases the GIL (encode holds it: a 6 MB prompt froze the server's
-# event loop for 9 s); shorter ones cost less than the thread hop.
+# Texts longer than this are tokenized in a worker thread by encode_batch
+# (long_text.encode_long), which releases the GIL (encode holds it: a 6 MB
+# prompt froze the server's event loop for 9 s); shorter ones cost less than
+# the thread hop.
 OFFLOAD_CHARS = 16_384
 
 
@@ -29,8 +31,8 @@ class InputProcessor:
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if len(text) > OFFLOAD_CHARS:  # the GIL released, for whoever else runs meanwhile
-            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        if len(text) > OFFLOAD_CHARS:  # the GIL released, and memory bounded by a window
+            return encode_long(self.tokenizer, text, add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     async def tokenize_async(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -46,12 +46,20 @@ def llama2() -> Tokenizer:  # Llama 2's: "▁" prepended to the text by the norm
 
 
 def text(rng: random.Random, n: int) -> str:
-    pieces = ["hello", "world,", "test.", "über", "日本語", "🙂", "1234", "x" * 300, "def",
+    pieces = ["hello", "world,", "test.", "über", "日本語", "🙂", "1234", "x" * 40, "def",
               "\n", "\n\n", "    ", "\t", " "]
     return "".join(rng.choice(pieces) + rng.choice(["", " ", "  ", "\n"]) for _ in range(n))
 
 
-@pytest.fixture(scope="module", params=[byte_level, metaspace, llama2])
+def word_level() -> Tokenizer:  # the test checkpoints': spaces belong to no token
+    words = sorted({w for line in CORPUS for w in line.split()})
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>"] + words)},
+                                     unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok
+
+
+@pytest.fixture(scope="module", params=[byte_level, metaspace, llama2, word_level])
 def tok(request) -> Tokenizer:
     return request.param()
 
@@ -59,8 +67,8 @@ def tok(request) -> Tokenizer:
 @pytest.fixture
 def small_windows(monkeypatch):
     # many joins from short texts: the same stitching as 64K windows, in milliseconds
-    monkeypatch.setattr(long_text, "WINDOW", 512)
-    monkeypatch.setattr(long_text, "OVERLAP", 128)
+    monkeypatch.setattr(long_text, "WINDOW", 1024)
+    monkeypatch.setattr(long_text, "OVERLAP", 512)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -69,7 +77,7 @@ def test_equal_to_encoding_whole(tok, small_windows, monkeypatch, seed, special)
     joins = []
     join = long_text._join
     monkeypatch.setattr(long_text, "_join", lambda *a: joins.append(join(*a)) or joins[-1])
-    t = text(random.Random(seed), 3000)
+    t = text(random.Random(seed), 6000)
     assert encode_long(tok, t, special) == tok.encode(t, add_special_tokens=special).ids
     assert len(joins) > 10 and None not in joins  # stitched, not the whole-text fallback
 

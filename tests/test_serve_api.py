@@ -185,6 +185,22 @@ def test_upstreams_small_routes(server, tokenizer):
     text = httpx.post(u + "/detokenize", json={"tokens": ids["tokens"]}).json()["prompt"]
     assert text == tokenizer.decode(ids["tokens"], skip_special_tokens=True)
     assert httpx.post(u + "/detokenize", json={"tokens": [10**9]}).status_code == 400
+    # an answer of more ids than one slice of serving_tokens.tokens_json: the same JSON
+    long = "one two three " * 12_000
+    got = httpx.post(u + "/tokenize", json={"prompt": long}, timeout=60).json()
+    want = tokenizer(long)["input_ids"]
+    assert len(want) > 2 * 16384 and got["tokens"] == want and got["count"] == len(want)
+
+
+def test_tokens_json_is_the_answer_json_writes():
+    import json
+
+    from engine.entrypoints.openai import serving_tokens
+
+    for n in (0, 1, serving_tokens.LONG_ANSWER_IDS, 2 * serving_tokens.LONG_ANSWER_IDS + 3):
+        ids = list(range(n))
+        assert json.loads(serving_tokens.tokens_json(ids, 77)) == {
+            "count": n, "max_model_len": 77, "tokens": ids, "token_strs": None}
 
 
 def test_a_port_in_use_is_one_line_and_exit_1(tiny_model, server):  # noqa: F811

@@ -1,12 +1,14 @@
-"""How long a chunk of one prompt a step of the server's engine may take: as
-many tokens as the measured prefill speed runs in STEP_TARGET_S, so that a long
-prompt's chunks never hold the event loop (and with it /health and every
-running stream) much longer than that. Per prompt, not per step: a cap per
-step would admit many clients' prompts a few at a time, each waiting behind the
-decodes of those before it (64 clients' time to first token: p99 17 s against
-2.5 s without). The engine steps inside the server's event loop
-(engine/core/async_llm.py says why); upstream's runs in a process of its own.
-Offline generation keeps the whole token budget."""
+"""How long a chunk of one prompt a step of the served engine core may take:
+as many tokens as the measured prefill speed runs in STEP_TARGET_S, so that
+a long prompt's chunks never hold up the running streams' next tokens much
+longer than that (the token budget alone, 2048 by default, is seconds of
+prefill on a CPU: every stream would stall that long). /health does not
+depend on it: the core runs in a process of its own. Per prompt, not per
+step: a cap per step would admit many clients' prompts a few at a time, each
+waiting behind the decodes of those before it (64 clients' time to first
+token: p99 17 s against 2.5 s without). The cost: prompts that arrive
+together share the steps and finish together. Offline generation keeps the
+whole token budget."""
 from __future__ import annotations
 
 STEP_TARGET_S = 0.1

@@ -23,55 +23,65 @@ MATCH = 8  # tokens either side of the join that both windows must share
 
 def encode_long(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
     """tokenizer.encode(text).ids, computed window by window. encode_batch
-    releases the GIL, for the threads (an event loop) beside this one."""
+    releases the GIL, for the threads (an event loop) beside this one; the
+    stitching asks each encoding for a few tokens, never for all its offsets
+    (Python work here holds the GIL, and the event loop waits for it)."""
     def enc(part: str, special: bool = False):
         return tokenizer.encode_batch([part], add_special_tokens=special)[0]
 
     if len(text) <= WINDOW + OVERLAP:
         return enc(text, add_special_tokens).ids
-    ids: list[int] = []
+    head, tail = _specials(tokenizer) if add_special_tokens else ([], [])
+    ids: list[int] = list(head)
     start, taken_from = 0, 0  # the window's first character; the first token it adds
     window = enc(text[:WINDOW])
+    window_ids = window.ids
     while True:
         end = start + WINDOW
         if end >= len(text):
-            ids += window.ids[taken_from:]
+            ids += window_ids[taken_from:]
             break
         nxt_start = end - OVERLAP
         nxt = enc(text[nxt_start:nxt_start + WINDOW])
-        join = _join(window, start, nxt, nxt_start)
+        nxt_ids = nxt.ids
+        join = _join(window, window_ids, start, nxt, nxt_ids, nxt_start)
         if join is None:
             return enc(text, add_special_tokens).ids
         upto, resume = join
-        ids += window.ids[taken_from:upto]
-        window, start, taken_from = nxt, nxt_start, resume
-    return _with_specials(tokenizer, ids) if add_special_tokens else ids
+        ids += window_ids[taken_from:upto]
+        window, window_ids, start, taken_from = nxt, nxt_ids, nxt_start, resume
+    return ids + tail
 
 
-def _join(a, a_start: int, b, b_start: int) -> tuple[int, int] | None:
-    """(tokens of a to keep, first token of b to take) at a boundary both
-    encodings share inside their overlap, away from its edges."""
-    a_end = a_start + WINDOW
-    lo, hi = b_start + OVERLAP // 4, a_end - OVERLAP // 4
-    starts_b = {b_start + s: i for i, (s, _) in enumerate(b.offsets)
-                if lo <= b_start + s <= hi}
-    a_ids, b_ids = a.ids, b.ids
-    for i, (s, _) in enumerate(a.offsets):
-        j = starts_b.get(a_start + s)
-        if j is None or i < MATCH or j < MATCH:
-            continue
-        if (a_ids[i - MATCH:i + MATCH] == b_ids[j - MATCH:j + MATCH]
-                and len(a_ids) >= i + MATCH and len(b_ids) >= j + MATCH):
+def _join(a, a_ids: list[int], a_start: int, b, b_ids: list[int],
+          b_start: int) -> tuple[int, int] | None:
+    """(tokens of a to keep, first token of b to take) at a token start both
+    encodings share inside their overlap, away from its edges, with the same
+    MATCH tokens either side."""
+    lo, hi = b_start + OVERLAP // 4, a_start + WINDOW - OVERLAP // 4
+    i = None
+    for c in range(lo, hi):  # characters no token covers (spaces a pre-tokenizer drops)
+        if (i := a.char_to_token(c - a_start)) is not None:
+            break
+    while i is not None and i < len(a_ids) - MATCH:
+        s, _ = a.token_to_chars(i)
+        if a_start + s > hi:
+            return None
+        j = b.char_to_token(a_start + s - b_start)
+        if (j is not None and i >= MATCH and j >= MATCH
+                and b.token_to_chars(j)[0] == a_start + s - b_start
+                and a_ids[i - MATCH:i + MATCH] == b_ids[j - MATCH:j + MATCH]):
             return i, j
+        i += 1
     return None
 
 
-def _with_specials(tokenizer, ids: list[int]) -> list[int]:
-    """ids with the special tokens the tokenizer's post-processor adds around
+def _specials(tokenizer) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer's post-processor puts before and after
     one sequence (BOS, EOS...), learnt from a probe text."""
     bare = tokenizer.encode("a", add_special_tokens=False).ids
     full = tokenizer.encode("a", add_special_tokens=True).ids
     for i in range(len(full) - len(bare) + 1):
         if full[i:i + len(bare)] == bare:
-            return full[:i] + ids + full[i + len(bare):]
+            return full[:i], full[i + len(bare):]
     raise ValueError("the tokenizer's special tokens cannot be told apart from its text")

@@ -4,6 +4,7 @@ the model, before anything reaches the engine core."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 from engine.core.long_text import encode_long
 from engine.core.output_processor import RequestState
@@ -14,6 +15,17 @@ from engine.sampling_params import SamplingParams
 # prompt froze the server's event loop for 9 s); shorter ones cost less than
 # the thread hop.
 OFFLOAD_CHARS = 16_384
+# JSON's "\ud800" decodes to a lone surrogate (a pair decodes to its one
+# character): not Unicode text, and the tokenizer's TypeError was a 500
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(text: str, what: str) -> None:
+    """ValueError naming `what` when text holds a lone UTF-16 surrogate."""
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise ValueError(f"{what} holds a lone UTF-16 surrogate (U+{ord(bad.group()):04X}) at "
+                         f"character {bad.start()}; send valid Unicode (surrogates in pairs)")
 
 
 def load_tokenizer(path):
@@ -31,6 +43,7 @@ class InputProcessor:
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_unicode(text, "the text")
         if len(text) > OFFLOAD_CHARS:  # the GIL released, and memory bounded by a window
             return encode_long(self.tokenizer, text, add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids

@@ -124,3 +124,7 @@ def render(template: str, messages: list[dict], *, add_generation_prompt: bool =
         raise ChatTemplateError(f"the chat template {exc}: {_FIX}") from None
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"the chat template refused these messages: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a template is code over the client's messages
+        # (`'x' + message['content']` with a list, a missing key...): their shape, a 400
+        raise ChatTemplateError(f"the chat template failed on these messages: "
+                                f"{type(exc).__name__}: {exc}") from None

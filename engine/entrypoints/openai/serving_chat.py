@@ -6,6 +6,7 @@ import asyncio
 
 from fastapi import Request
 
+from engine.core.input_processor import check_unicode
 from engine.entrypoints import chat_utils
 from engine.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
@@ -61,6 +62,8 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
     out = []
     for i, m in enumerate(body.messages):
         d = m.model_dump(exclude_none=False)
+        if m.content is None:  # an assistant's tool-call turn: no text, as upstream reads it
+            d["content"] = ""
         if isinstance(m.content, list):  # parts: the text ones, joined as upstream does
             texts = []
             for part in m.content:
@@ -69,6 +72,10 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
                                    f"got {part.get('type')!r}", "messages")
                 texts.append(part["text"])
             d["content"] = "\n".join(texts)
+        try:
+            check_unicode(d["content"], f"messages.{i}.content")
+        except ValueError as exc:
+            raise APIError(400, str(exc), "messages") from None
         out.append(d)
     return out
 

@@ -35,7 +35,10 @@ class ResponsesRequest(BaseModel):
 
     def unsupported(self) -> str | None:
         extra = self.model_extra or {}
-        fmt = ((extra.get("text") or {}).get("format") or {}).get("type", "text")
+        text = extra.get("text") or {}
+        if not isinstance(text, dict) or not isinstance(text.get("format") or {}, dict):
+            raise APIError(400, 'text: an object such as {"format": {"type": "text"}}', "text")
+        fmt = (text.get("format") or {}).get("type", "text")
         for name, bad in (("tools", bool(extra.get("tools"))),
                           ("previous_response_id", extra.get("previous_response_id") is not None),
                           ("background", bool(extra.get("background"))),

@@ -63,7 +63,10 @@ def add_token_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/tokenize", dependencies=[Depends(json_body)])
     async def tokenize(body: TokenizeRequest):
         check_model(body.model)
-        ids = await state.llm.tokenize(body.prompt, body.add_special_tokens)
+        try:
+            ids = await state.llm.tokenize(body.prompt, body.add_special_tokens)
+        except ValueError as exc:  # not Unicode text
+            raise APIError(400, f"prompt: {exc}", "prompt") from None
         if len(ids) > LONG_ANSWER_IDS:
             answer = await asyncio.get_running_loop().run_in_executor(
                 None, tokens_json, ids, state.max_model_len)

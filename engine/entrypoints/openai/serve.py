@@ -84,6 +84,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
+    from engine.entrypoints.openai import connection_limits
 
     names = args.served_model_name or [args.model]
     metrics = Metrics(names[0], engine_totals=client.client_index == 0)
@@ -109,9 +110,13 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()
     gc.freeze()
+    fds = connection_limits.raise_fd_limit()
+    logging.getLogger("asyncio").addFilter(connection_limits.AcceptErrorsOncePerSecond())
     config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.uvicorn_log_level, access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_S)
+                            timeout_graceful_shutdown=GRACEFUL_S,
+                            http=connection_limits.guarded_protocol(
+                                connection_limits.max_connections(fds)))
     server = uvicorn.Server(config)
 
     def stop(signum, frame) -> None:

@@ -194,9 +194,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="w4a16: input channels a scale covers (default 128)")
     env = sub.add_parser("env", help="print what this installation is and runs on")
     env.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    args = _parse(p, sub, argv)
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:  # `engine complete ... | head -c 80`: the reader left, quietly
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, as a program the pipe killed
     except ValueError as exc:  # configuration and input errors (EnvError included): one line
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -207,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler: one line, no traceback
+        print(f"engine {args.command}: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as exc:
         from engine.distributed.parallel_state import RankDiedError
@@ -216,6 +220,43 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _parse(p: argparse.ArgumentParser, sub, argv: list[str] | None) -> argparse.Namespace:
+    """Parse argv; a mistyped command or option is refused by the command's
+    own parser (its usage, not the top level's), with the nearest spelling."""
+    import difflib
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    words = [a for a in argv if not a.startswith("-")]
+    if words and words[0] not in sub.choices and argv and not argv[0].startswith("-"):
+        near = difflib.get_close_matches(words[0], list(sub.choices), n=1)
+        p.error(f"unknown command {words[0]!r}"
+                + (f"; did you mean {near[0]!r}?" if near else
+                   f"; choose from {', '.join(sub.choices)}"))
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        cmd = sub.choices[args.command]
+        known = [o for a in cmd._actions for o in a.option_strings]
+        hints = []
+        for word in extra:
+            near = difflib.get_close_matches(word.split("=")[0], known, n=1) \
+                if word.startswith("-") else []
+            hints.append(f"{word} (did you mean {near[0]}?)" if near else word)
+        cmd.error(f"unrecognized arguments: {' '.join(hints)}")
+    return args
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush then finds no
+    closed pipe to complain of."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _version() -> str:

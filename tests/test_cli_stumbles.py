@@ -151,3 +151,42 @@ def test_an_unreadable_model_file_for_real(tmp_path):
     (model / "config.json").chmod(0)
     with pytest.raises(ValueError, match="cannot read the model file .*config.json"):
         resolve_model(model)
+
+
+def test_a_streamed_answer_into_head_ends_quietly():
+    """`engine complete ... | head -c 80`: the command's writes meet a closed pipe."""
+    probe = ("import sys\nfrom engine import cli\n"
+             "def talk(args):\n    for _ in range(10_000):\n"
+             "        sys.stdout.write('word ' * 20); sys.stdout.flush()\n    return 0\n"
+             "cli.COMMANDS['complete'] = talk\n"
+             "sys.exit(cli.main(['complete', '-q', 'hi']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", probe], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(80)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["serve", "m", "--prot", "8000"], "engine serve", "did you mean --port?"),
+    (["serve", "m", "--max-model-lenght=64"], "engine serve", "did you mean --max-model-len?"),
+    (["serv", "m"], "engine", "did you mean 'serve'?"),
+    (["frobnicate"], "engine", "choose from generate"),
+])
+def test_a_mistyped_command_or_flag_gets_its_own_usage_and_a_guess(capsys, argv, usage, hint):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: {usage} " in err and hint in err, err
+
+
+def test_ctrl_c_before_a_command_handles_it_is_one_line(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "env", interrupted)
+    assert cli.main(["env"]) == 130
+    assert capsys.readouterr().err.strip() == "engine env: interrupted"

@@ -231,8 +231,10 @@ def start_engine(core: CoreProcess, interrupted=lambda: False
         core.start()
         return client, client.wait_ready(interrupted)
     except BaseException:
+        from engine.core.core_client import LOADING_STOP_GRACE_S
+
         if client is not None:
-            client.shutdown()
+            client.shutdown(LOADING_STOP_GRACE_S)
         else:
-            core.stop()
+            core.stop(LOADING_STOP_GRACE_S)
         raise

@@ -25,6 +25,9 @@ from engine.core.messages import (EngineCoreOutputs, EngineCoreReady, EngineCore
 logger = logging.getLogger("engine")
 
 STOP_GRACE_S = 3.0  # a core asked to stop gets this long before it is killed
+# ... while it loads: it holds nothing to save, and its SIGTERM waits for the
+# C call it is in (a shard being read, a warm-up step); Ctrl-C answers in 1 s
+LOADING_STOP_GRACE_S = 0.5
 
 
 class EngineCoreStartError(RuntimeError):
@@ -93,10 +96,10 @@ class CoreProcess:
                 pass
         return f"the engine core process died (exit code {code})"
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         if self.proc is not None and self.proc.is_alive():
             self.proc.terminate()  # SIGTERM: the core shuts its ranks down
-            self.proc.join(STOP_GRACE_S)
+            self.proc.join(grace_s)
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join()
@@ -134,7 +137,7 @@ class SharedCore:
     def how_it_ended(self) -> str:
         return f"the engine core process (pid {self.pid}) died"
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         pass
 
 
@@ -181,7 +184,7 @@ class AsyncMPClient:
         frame = await self.output.recv(copy=False)
         return self.decoder.decode(frame.buffer)
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = STOP_GRACE_S) -> None:
         if not self.core.owns:  # the other API servers still use it
             self.ctx.destroy(linger=0)
             return
@@ -190,7 +193,7 @@ class AsyncMPClient:
                 (RequestType.SHUTDOWN.value, b""), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the core is gone, or never connected: stop() ends it either way
-        self.core.stop()
+        self.core.stop(grace_s)
         self.ctx.destroy(linger=0)
 
 

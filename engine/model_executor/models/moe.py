@@ -88,3 +88,11 @@ class MoeForCausalLM(LlamaForCausalLM):
                         ("shared_down.weight", None), ("shared_expert_gate.weight", None))):
                     out[p + name] = (ours + param, part)
         return out
+
+    def unquantized_layers(self) -> tuple[str, ...]:
+        """The routers (and Qwen2-MoE's shared-expert gate) run float in a
+        quantized checkpoint: upstream builds them without a quant_config and
+        llm-compressor leaves them out (layers/quantization reads this)."""
+        return tuple(f"layers.{i}.moe.{gate}" for i, layer in enumerate(self.layers)
+                     if isinstance(getattr(layer, "moe", None), SparseMoeBlock)
+                     for gate in ("gate", "shared_expert_gate") if hasattr(layer.moe, gate))

@@ -7,6 +7,7 @@ tensors."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,15 +46,28 @@ def config_for(path: Path):
     return _CONFIGS[method].parse(qc, str(path))
 
 
-def checkpoint_names(model: CausalLM) -> dict[str, tuple[str, ...]]:
+def checkpoint_names(model: CausalLM, present: Collection[str] = ()
+                     ) -> dict[str, tuple[str, ...]]:
     """Each of our linear layers -> the checkpoint layers behind it, in the
     order they are fused ("layers.3.qkv" -> model.layers.3.self_attn.{q,k,v}_proj),
-    read from the model's own checkpoint_map (the loader fuses by it too)."""
-    parts: dict[str, list] = {}
+    read from the model's own checkpoint_map (the loader fuses by it too). A
+    part the map knows by two names (OPT's first exports lack "model.") takes
+    the one among `present` (the checkpoint's layers), else the map's first."""
+    parts: dict[str, dict[int, list[str]]] = {}
     for key, (param, part) in model.checkpoint_map().items():
         if key.endswith(".weight") and param.endswith(".weight"):
-            parts.setdefault(param[:-len(".weight")], []).append((part or 0, key[:-len(".weight")]))
-    return {layer: tuple(k for _, k in sorted(ks)) for layer, ks in parts.items()}
+            parts.setdefault(param[:-len(".weight")], {}).setdefault(part or 0, []).append(
+                key[:-len(".weight")])
+
+    def pick(names: list[str]) -> str:
+        return next((n for n in names if n in present), names[0])
+
+    return {layer: tuple(pick(ps[p]) for p in sorted(ps)) for layer, ps in parts.items()}
+
+
+def unquantized_layers(model: CausalLM) -> set[str]:
+    """Our linear layers that run float whatever the config says (MoE routers)."""
+    return set(getattr(model, "unquantized_layers", lambda: ())())
 
 
 def apply(model: CausalLM, path: Path) -> set[str]:
@@ -63,20 +77,25 @@ def apply(model: CausalLM, path: Path) -> set[str]:
     config = config_for(path)
     if config is None:
         return set()
-    names = checkpoint_names(model)
+    reader = wna16_formats.Reader(path)
+    names = checkpoint_names(model, reader.layers())
+    skip = unquantized_layers(model) | {"lm_head"}  # upstream quantizes no lm_head
     wna16 = []
     for name, module in model.named_modules():
-        # upstream quantizes no lm_head (an embedding there, not a linear layer)
-        if isinstance(module, Linear) and name != "lm_head" and name in names:
+        if isinstance(module, Linear) and name not in skip and name in names:
             method = config.method_for(names[name])
-            if method is not None:
-                method.create_weights(module)
-                if isinstance(method, WNA16):
-                    wna16.append((module, names[name], method))
-    return _load_wna16(model, path, config, wna16) if wna16 else set()
+            if method is None:
+                continue
+            method.create_weights(module)
+            if isinstance(method, WNA16):
+                wna16.append((module, names[name], method))
+            else:  # the engine's loader reads W8A8 layers: first check they are there
+                for n in names[name]:
+                    reader.require(f"{n}.weight_scale")
+    return _load_wna16(model, reader, config, wna16) if wna16 else set()
 
 
-def _load_wna16(model: CausalLM, path: Path, config, layers: list) -> set[str]:
-    read = wna16_formats.load(path, config, layers, model.config)
+def _load_wna16(model: CausalLM, reader, config, layers: list) -> set[str]:
+    read = wna16_formats.load(reader, config, layers, model.config)
     # the engine's loader reads the rest: neither these layers' .weight nor their tensors
     return {f"{n}.weight" for _, names, _ in layers for n in names} | set(read)

@@ -5,22 +5,21 @@ run time; or W4A16, 4-bit weights symmetric per group of input channels
 (scale = max|w| / 7.5 over the group, as compressed-tensors computes it, q in
 [-8, 7]) packed 8 to an int32 ("pack-quantized"). The result is what
 llm-compressor writes for that scheme and upstream vLLM loads; lm_head,
-embeddings and norms stay as they are."""
+embeddings, norms, MoE routers and experts (which this engine runs float)
+stay as they are, listed in the config's ignore (rtn_plan)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import torch
 
+from engine.model_executor.layers.quantization.rtn_plan import plan
+
 SCHEMES = ("w8a8", "w4a16")
 #: W4A16's default group of input channels (llm-compressor's W4A16 preset)
 GROUP_SIZE = 128
-# the decoder's linear layers, as the checkpoint names them
-_LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
-                     r"\.weight$")
 
 
 def quantization_config(ignore: tuple[str, ...] = (), scheme: str = "w8a8",
@@ -83,7 +82,8 @@ def quantize_weight_w4a16(w: torch.Tensor, group_size: int | None = GROUP_SIZE
 def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...] = (),
              group_size: int = GROUP_SIZE) -> Path:
     """Write `src` quantized to the new folder `dst`; the layers named in
-    `ignore` (checkpoint names, e.g. model.layers.0.mlp.down_proj) stay float."""
+    `ignore` (checkpoint names, e.g. model.layers.0.mlp.down_proj) stay float.
+    Everything is checked before anything is written."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -105,19 +105,25 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
         raise ValueError(f"{src} has no *.safetensors weights")
     if dst.exists() and any(dst.iterdir()):
         raise ValueError(f"{dst} exists and is not empty; give a new folder")
+    keys: set[str] = set()
+    for file in files:
+        with safe_open(file, "pt") as f:
+            keys.update(f.keys())
+    layers = plan(src, keys, tuple(ignore))
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(file, "pt") as f:
             for key in f.keys():
                 t = f.get_tensor(key)
                 layer = key[:-len(".weight")]
-                if _LINEAR.match(key) and layer not in ignore and scheme == "w4a16":
+                quantized = key.endswith(".weight") and layer in layers.quantize
+                if quantized and scheme == "w4a16":
                     if t.shape[1] % group_size:
                         per_channel.append(layer)
                     tensors[f"{layer}.weight_packed"], tensors[f"{layer}.weight_scale"] = \
                         quantize_weight_w4a16(t, None if layer in per_channel else group_size)
                     tensors[f"{layer}.weight_shape"] = torch.tensor(t.shape, dtype=torch.int64)
-                elif _LINEAR.match(key) and layer not in ignore:
+                elif quantized:
                     q, s = quantize_weight(t)
                     tensors[key], tensors[key[:-len("weight")] + "weight_scale"] = q, s
                 else:
@@ -130,7 +136,7 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
                 "config.json", "model.safetensors.index.json"):
             shutil.copy2(extra, tmp / extra.name)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    cfg["quantization_config"] = quantization_config(tuple(ignore), scheme, group_size,
+    cfg["quantization_config"] = quantization_config(layers.ignore, scheme, group_size,
                                                      tuple(sorted(per_channel)))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if dst.exists():

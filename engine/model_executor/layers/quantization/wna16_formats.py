@@ -53,10 +53,27 @@ class Reader:
     def has(self, key: str) -> bool:
         return key in self.where
 
+    def layers(self) -> set[str]:
+        """The layer each tensor belongs to (its name less the last part)."""
+        return {key.rsplit(".", 1)[0] for key in self.where}
+
+    def require(self, key: str) -> None:
+        """A quantized layer's tensor the config asks for; ValueError naming
+        the layer's real state when the checkpoint lacks it."""
+        if key in self.where:
+            return
+        layer = key.rsplit(".", 1)[0]
+        why = (f"tensor {key} is missing from the quantized checkpoint "
+               f"(config.json's quantization_config quantizes {layer})")
+        weight = f"{layer}.weight"
+        if weight in self.where:  # a layer the quantizer left float but did not list
+            dtype = self.where[weight].get_slice(weight).get_dtype()
+            raise ValueError(f"{why}; the checkpoint holds {weight} unquantized ({dtype}), so "
+                             "the quantization_config must leave that layer out (ignore)")
+        raise ValueError(why)
+
     def get(self, key: str) -> torch.Tensor:
-        if key not in self.where:
-            raise ValueError(f"the checkpoint lacks {key} (config.json's quantization_config "
-                             "asks for it); the download may be incomplete")
+        self.require(key)
         self.read.add(key)
         return self.where[key].get_tensor(key)
 
@@ -193,11 +210,10 @@ def _rank_part(name: str, part: dict, sl: tuple[int, int, int] | None) -> dict:
             "g_idx": local_idx}
 
 
-def load(path: Path, config, layers: list, model_config) -> set[str]:
+def load(r: Reader, config, layers: list, model_config) -> set[str]:
     """Read, repack and set the weights of `layers` ((module, checkpoint names
     of its fused parts, WNA16 method) each) with config.read_layer, each rank
     its slice; returns the checkpoint keys read, for the engine's loader to skip."""
-    r = Reader(path)
     for module, names, method in layers:
         k = module.in_features
         parts = []

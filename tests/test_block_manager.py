@@ -2,6 +2,8 @@
 lists, reference counts, and the prefix cache's hash chain and LRU eviction."""
 from __future__ import annotations
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -281,3 +283,26 @@ def test_prefix_cache_counters_reach_the_metrics():
     assert f'vllm:prefix_cache_queries_total{{model_name="tiny"}} {2.0 * len(tokens)}' in text
     assert f'vllm:prefix_cache_hits_total{{model_name="tiny"}} {2.0 * BS}' in text
     assert 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.5' in text  # 2 x 3 blocks, 2 shared
+
+
+def test_the_kv_cache_is_committed_without_changing_what_was_written():
+    """cpu_hugepages.populate faults pages in beside steps that write them: the
+    bytes already there stay (a zero_() in its place would wipe a prefill)."""
+    import torch
+
+    from engine.platforms import cpu_hugepages
+
+    t = cpu_hugepages.empty((8, 1 << 20), torch.float32)  # 32 MiB, never touched
+    if not cpu_hugepages.can_populate(t):
+        pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    t[3, 5] = 42.0
+    t[7, -1] = -1.0
+    before = _rss()
+    cpu_hugepages.populate([t], chunk=2 << 20)
+    assert t[3, 5] == 42.0 and t[7, -1] == -1.0
+    assert _rss() - before > 24 << 20  # the untouched pages are resident now
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))

@@ -101,3 +101,32 @@ def trim_heap() -> None:
     trim = getattr(libc, "malloc_trim", None)  # glibc's; musl has none
     if trim is not None:
         trim(0)
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable, contents untouched
+PAGE = mmap.PAGESIZE
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The whole pages of the tensor's memory: (first address, end)."""
+    start = -(-t.data_ptr() // PAGE) * PAGE
+    return start, (t.data_ptr() + t.numel() * t.element_size()) // PAGE * PAGE
+
+
+def can_populate(t: torch.Tensor) -> bool:
+    """The kernel has MADV_POPULATE_WRITE (Linux 5.14; tried on t's first page)."""
+    advise = _madvise()
+    start, end = _span(t)
+    return advise is not None and end > start and advise(start, PAGE, MADV_POPULATE_WRITE) == 0
+
+
+def populate(tensors, chunk: int = 64 << 20) -> None:
+    """Fault the tensors' pages in (the kernel finds and zeroes each one) without
+    writing to them: safe while the engine writes to the same memory, so it can
+    run beside serving. Where memory runs short the rest come on first touch."""
+    advise = _madvise()
+    for t in tensors:
+        start, end = _span(t)
+        for addr in range(start, end, chunk):  # ctypes releases the GIL for each call
+            if advise(addr, min(chunk, end - addr), MADV_POPULATE_WRITE) != 0:
+                return

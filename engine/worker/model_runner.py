@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,14 @@ from engine.platforms import cpu_hugepages
 logger = logging.getLogger("engine")
 
 
+def _commit(caches: list[torch.Tensor]) -> None:
+    t0 = time.perf_counter()
+    cpu_hugepages.populate(caches)
+    nbytes = sum(c.numel() * c.element_size() for c in caches)
+    logger.info("KV cache: %.2f GiB committed in the background in %.2f s", nbytes / 2**30,
+                time.perf_counter() - t0)
+
+
 class ModelRunner:
     linear_mode: str  # how its linear layers are laid out (set by build_runner)
 
@@ -33,23 +42,35 @@ class ModelRunner:
         kv_heads = model.attention_layers()[0].num_kv_heads if c.num_layers else c.num_kv_heads
         shape = (blocks.num_blocks, kv_heads, blocks.block_size, c.head_dim)
         # On the CPU, huge pages (engine.platforms.cpu_hugepages): attention streams
-        # the cache. Committed here, at start-up, as upstream's torch.zeros does: a
-        # page's first touch costs ~1 GB/s (the kernel finds and zeroes a huge page),
-        # and with prefix caching each fresh prompt takes never-used blocks, so a lazy
-        # cache paid that inside the prefill (a large-Llama 1500-token prompt: 240 of
-        # its 1230 ms in reshape_and_cache), for as long as any block stayed untouched.
+        # the cache. Committed, as upstream's torch.zeros does: a page's first touch
+        # costs ~1 GB/s (the kernel finds and zeroes a huge page), and with prefix
+        # caching each fresh prompt takes never-used blocks, so a lazy cache paid that
+        # inside the prefill (a large-Llama 1500-token prompt: 240 of its 1230 ms in
+        # reshape_and_cache), for as long as any block stayed untouched. But not
+        # before serving: 4 GiB took 6 s of a tiny model's start-up. A thread faults
+        # the pages in meanwhile (MADV_POPULATE_WRITE leaves their contents alone, so
+        # it may run while steps write to them); zeros, before serving, where the
+        # kernel cannot.
         def cache() -> torch.Tensor:
             if device.type == "cpu":
-                return cpu_hugepages.empty(shape, dtype).zero_()
+                return cpu_hugepages.empty(shape, dtype)
             return torch.empty(shape, dtype=dtype, device=device)
 
-        t0 = time.perf_counter()
+        caches = []
         for attn in model.attention_layers():
             attn.k_cache, attn.v_cache = cache(), cache()
-        if device.type == "cpu" and model.attention_layers():
-            nbytes = 2 * len(model.attention_layers()) * math.prod(shape) * dtype.itemsize
-            logger.info("KV cache: %.2f GiB committed in %.2f s", nbytes / 2**30,
-                        time.perf_counter() - t0)
+            caches += [attn.k_cache, attn.v_cache]
+        if device.type == "cpu" and caches:
+            if cpu_hugepages.can_populate(caches[0]):
+                threading.Thread(target=_commit, args=(caches,), name="kv-commit",
+                                 daemon=True).start()
+            else:
+                t0 = time.perf_counter()
+                for cache_tensor in caches:
+                    cache_tensor.zero_()
+                logger.info("KV cache: %.2f GiB committed in %.2f s", sum(
+                    t.numel() * t.element_size() for t in caches) / 2**30,
+                    time.perf_counter() - t0)
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from engine.config_checks import check_config
 from engine.model_executor.models.registry import resolve_architecture
 
 # rope types whose tables are computed here (engine.model_executor.layers.rotary)
@@ -58,7 +59,11 @@ class ModelConfig:
         except FileNotFoundError:
             raise ValueError(f"{path} has no config.json; give the folder of a Hugging Face "
                              "checkpoint") from None
-        cfg = {**cfg.get("text_config", {}), **cfg} if "text_config" in cfg else cfg
+        except ValueError as e:
+            raise ValueError(f"{path / 'config.json'} is not valid JSON: {e}") from None
+        if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict):
+            cfg = {**cfg["text_config"], **cfg}
+        cfg = check_config(cfg, path)
         try:
             mt, arch = resolve_architecture(cfg)
         except ValueError as e:

@@ -91,3 +91,31 @@ def test_responses_text_must_be_an_object(tiny, text):
     (r,) = ask(tiny, [("/v1/responses", '{"input": "hi", "text": %s, "max_output_tokens": 2}'
                        % text)])
     assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text[:300]
+
+
+def test_a_tokenizer_larger_than_the_model_fails_only_its_own_request(tmp_path):
+    """config.json's vocab_size 400, its tokenizer 512 ids: a prompt the
+    tokenizer writes with an id the model has no row for is a 400 naming the
+    mismatch, and a request beside it is answered."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.tiny_model import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny")
+    tensors = load_file(str(path / "model.safetensors"))
+    for key, t in tensors.items():
+        if t.shape[0] == 512 and ("embed" in key or "lm_head" in key):
+            tensors[key] = t[:400].contiguous()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "vocab_size": 400}))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    high = next(tok.decode([i]) for i in range(511, 400, -1) if tok.decode([i]).strip())
+    assert max(tok.encode(high).ids) >= 400
+    bad, = ask(path, [("/v1/completions", json.dumps({"prompt": high, "max_tokens": 2}))])
+    assert bad.status_code == 400, bad.text[:300]
+    assert "vocabulary has 400" in bad.json()["error"]["message"], bad.text[:300]

@@ -22,13 +22,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from wheel_index import sender
+from wheel_index.sender import Body, Sender
+
 DEFAULT_THREADS = 64
 #: seconds a client has for its whole request head (line and headers)
 HEADER_TIMEOUT = 10.0
 #: seconds an idle keep-alive connection is kept between requests
 IDLE_TIMEOUT = 15.0
-#: seconds a worker waits for a client to take more of a response before giving up on it
-SEND_TIMEOUT = 15.0
 #: bytes a request head may take; a longer one is answered 431
 MAX_HEAD = 64 << 10
 #: connections held waiting for a head at once; past it the oldest is dropped
@@ -237,7 +238,9 @@ class GatheringServer(http.server.HTTPServer):
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._gatherer: Gatherer | None = None
+        self._sender: Sender | None = None
         super().__init__(address, handler)
+        self._sender = Sender()
         self._gatherer = Gatherer(lambda req, addr: self._queue.put((req, addr)),
                                   header_timeout, idle_timeout)
         self._workers = [threading.Thread(target=self._work, daemon=True,
@@ -247,7 +250,7 @@ class GatheringServer(http.server.HTTPServer):
 
     def process_request(self, request, client_address):
         request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        request.settimeout(SEND_TIMEOUT)
+        request.settimeout(sender.SEND_TIMEOUT)
         self._gatherer.add(request, client_address)
 
     def _work(self):
@@ -255,26 +258,35 @@ class GatheringServer(http.server.HTTPServer):
             request, address = item
             with self._lock:
                 self._open.add(request.sock)
-            keep = False
+            keep, body = False, None
             try:
                 handler = self.RequestHandlerClass(request, address, self)
-                keep = not handler.close_connection
+                keep, body = not handler.close_connection, getattr(handler, "body", None)
             except (ConnectionError, socket.timeout):
                 pass  # the client went away
             except Exception:
                 self.handle_error(request.sock, address)
-            finally:
-                with self._lock:
-                    self._open.discard(request.sock)
-            if keep and self._gatherer is not None:
-                self._gatherer.add(request.sock, address, request.rest, idle=True)
+            if body is not None:  # the sender finishes the answer, then hands it on
+                fd, offset, length = body
+                self._sender.add(Body(request.sock, fd, offset, length, lambda ok, r=request,
+                                      a=address, k=keep: self._answered(r, a, k and ok)))
             else:
-                self.shutdown_request(request.sock)
+                self._answered(request, address, keep)
+
+    def _answered(self, request, address, keep: bool) -> None:
+        with self._lock:
+            self._open.discard(request.sock)
+        if keep and self._gatherer is not None:
+            self._gatherer.add(request.sock, address, request.rest, idle=True)
+        else:
+            self.shutdown_request(request.sock)
 
     def server_close(self):
         super().server_close()
         if self._gatherer is not None:
             self._gatherer.close()
+        if self._sender is not None:
+            self._sender.close()
         for _ in self._workers:
             self._queue.put(None)
         with self._lock:

@@ -161,6 +161,8 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         parts = [p for p in path.split("/") if p]
         if any(p in (".", "..") for p in parts):
             return None
+        if any(p.startswith(".") for p in parts):  # the publisher's lock, journal, temporaries
+            return "", ""
         key = "/".join(parts)
         return (os.path.join(self.root_real, key) if key else self.root_real), key
 
@@ -184,6 +186,8 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         if resolved is None:
             return self._error(400, "Bad Request: path leaves the index")
         target, key = resolved
+        if not target:
+            return self._error(404, "Not Found")
         ctype = None
         folder = self._inside(target)
         if folder is not None and os.path.isdir(folder):
@@ -255,12 +259,9 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if f is None or length == 0:
             return
-        try:
-            # straight from the page cache to the socket: nothing held in memory
-            if self.connection.sendfile(f, start, length) != length:
-                self.close_connection = True  # the file shrank meanwhile: end the response
-        except (BrokenPipeError, ConnectionResetError, socket.timeout):
-            self.close_connection = True
+        # straight from the page cache to the socket, by the server's sender thread
+        # (wheel_index/sender.py): this worker is free for the next request now
+        self.body = (os.dup(f.fileno()), start, length)
 
     def _not_modified(self, etag: str, mtime: float) -> bool:
         inm = self.headers.get("If-None-Match")

@@ -58,23 +58,22 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the read timeouts and the connection cap."""
 
     max_connections = 1024  # set per server by guarded_protocol()
+    _deadline: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             transport.write(_BUSY)
             transport.close()
             return
-        self._deadline: asyncio.TimerHandle | None = None
         self._arm(HEADER_TIMEOUT_S)
 
     def _arm(self, seconds: float) -> None:
-        if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()
+        self._disarm()
         self._deadline = self.loop.call_later(seconds, self._too_slow)
 
     def _disarm(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
+        if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 

@@ -63,7 +63,10 @@ def test_bisect_names_the_commit_in_few_steps(history):
     assert out["subject"] == f"change {BREAKS_AT} (the regression)"
     assert out["install"].startswith(f"uv pip install vllm-engine --extra-index-url {idx}/"
                                      f"{commits[BREAKS_AT]}/cpu")
-    assert len(out["steps"]) <= 6  # 33 candidates: ceil(log2(33)) = 6
+    # the two ends first, then 32 candidates between them: ceil(log2(33)) = 6
+    assert len(out["steps"]) <= 2 + 6
+    assert [s["commit"] for s in out["steps"][:2]] == [commits[0], commits[-1]]
+    assert [s["verdict"] for s in out["steps"][:2]] == ["good", "bad"]
     # the user's checkout is untouched
     assert git(repo, "rev-parse", "HEAD") == head and git(repo, "status", "--porcelain") == status
 
@@ -109,7 +112,7 @@ def test_exit_125_skips(history):
     out = json.loads(bisect(repo, idx, "--good", commits[0], "--bad", commits[-1], "--json",
                             "--", *skip_one).stdout)
     assert out["first_bad"] == commits[BREAKS_AT]
-    assert out["steps"][0] == {"commit": commits[16], "verdict": "skip",
+    assert out["steps"][2] == {"commit": commits[16], "verdict": "skip",
                                "reason": "the command asked to skip (exit 125)"}
 
 
@@ -179,3 +182,90 @@ def test_bisect_over_real_engine_wheels(cpu_wheel, tmp_path):
                          env={**os.environ, "VLLM_TORCH_FIND_LINKS": str(torch_wheelhouse())})
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["first_bad"] == bad
+
+
+@pytest.mark.parametrize("command,says", [
+    (["python", "-c", "pass"], "the command passes at --bad"),
+    (["python", "-c", "raise SystemExit(3)"], "the command fails (exit 3) at --good"),
+])
+def test_ends_that_do_not_disagree_are_refused(history, command, says):
+    """A command that passes (or fails) everywhere has no first bad commit."""
+    repo, idx, commits = history
+    res = bisect(repo, idx, "--good", commits[0], "--bad", commits[-1], "--", *command,
+                 check=False)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stdout + res.stderr
+    assert says in res.stderr and "first bad commit" not in res.stdout
+
+
+def test_an_end_without_a_wheel_gives_way_to_the_nearest_built_commit(history, tmp_path):
+    repo, idx, commits = history
+    import shutil
+
+    holes = tmp_path / "index"
+    shutil.copytree(idx, holes)
+    for i in (0, 1, 33, 32):
+        shutil.rmtree(holes / commits[i])
+    out = json.loads(bisect(repo, holes, "--good", commits[0], "--bad", commits[-1], "--json",
+                            "--", *CHECK).stdout)
+    assert out["first_bad"] == commits[BREAKS_AT]
+    assert [(s["commit"], s["verdict"]) for s in out["steps"][:6]] == [
+        (commits[0], "skip"), (commits[1], "skip"), (commits[2], "good"),
+        (commits[33], "skip"), (commits[32], "skip"), (commits[31], "bad")]
+
+
+def _uninstallable(wheel):
+    """The same wheel, asking for a Python that does not exist (uv refuses it)."""
+    import base64
+    import hashlib
+
+    with zipfile.ZipFile(wheel) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    meta = next(n for n in members if n.endswith(".dist-info/METADATA"))
+    members[meta] = members[meta].replace(b">=3.10", b">=3.99")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(members[meta]).digest()).rstrip(b"=")
+    record = next(n for n in members if n.endswith(".dist-info/RECORD"))
+    members[record] = b"\n".join(
+        f"{meta},sha256={digest.decode()},{len(members[meta])}".encode()
+        if line.startswith(meta.encode() + b",") else line
+        for line in members[record].split(b"\n"))
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for n, data in members.items():
+            zf.writestr(n, data)
+    return wheel
+
+
+def test_an_install_failure_is_an_error_naming_its_cause(history, tmp_path):
+    """Not a skip: an environment problem must not read as an ambiguous bisect."""
+    repo, idx, commits = history
+    import shutil
+
+    broken = tmp_path / "index"
+    shutil.copytree(idx, broken)
+    c = commits[16]  # the first midpoint
+    w = _uninstallable(make_wheel(tmp_path / "w", f"0.1.dev16+g{c[:9]}.cpu", commit=c,
+                                  body="VALUE = 0\n"))
+    publish(open_storage(str(broken)), c, [w], force=True, commit_time="1016",
+            log=lambda m: None)
+    res = bisect(repo, broken, "--good", commits[0], "--bad", commits[-1], "--", *CHECK,
+                 check=False)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stdout + res.stderr
+    assert f"installing the cpu wheel of {c[:12]} failed" in res.stderr and "3.99" in res.stderr
+    # under git bisect run, an error stops the bisect (128) instead of marking the commit bad
+    one = subprocess.run([sys.executable, "-m", "tools.bisect", "run-one", c, "--variant", "cpu",
+                          "--index", str(broken), "--repo", str(repo), "--", *CHECK], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert one.returncode == 128 and "failed" in one.stderr, one.stderr
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/bisect.md"])
+def test_the_documented_example_names_revisions_this_repository_has(doc):
+    import re
+
+    text = (REPO / doc).read_text()
+    examples = re.findall(r"python -m tools\.bisect --good (\S+) --bad (\S+)", text)
+    assert examples, f"{doc} shows no bisect example"
+    for good, bad in examples:
+        for rev in (good, bad):
+            res = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                                 cwd=REPO, capture_output=True, text=True)
+            assert res.returncode == 0, f"{doc}: {rev} is not a revision of this repository"

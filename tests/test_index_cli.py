@@ -168,3 +168,29 @@ def test_s3_index_that_is_empty_or_missing_is_refused(s3_env, capsys):
     assert cli(["verify", "--index", "s3://no-such-bucket-xyz/p"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_prune_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
+    idx = tmp_path / "index"
+    store = open_storage(str(idx))
+    publish(store, A, [wheel(tmp_path, A)], commit_time="1", log=lambda m: None)
+    publish(store, B, [wheel(tmp_path, B)], nightly=True, commit_time="2", log=lambda m: None)
+    files = {str(p) for p in idx.rglob("*") if p.is_file()}
+
+    def prune(*args):
+        proc = subprocess.run([sys.executable, "-m", "wheel_index", "prune", "--index", str(idx),
+                               *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = prune("--keep-commits", "1", "--dry-run")
+    assert f"would remove {A}" in out and B not in out
+    for key in store.list(A):  # every file, by its key
+        assert f"    {key}\n" in out
+    assert "dry run: would remove 1 commit(s)" in out and "nothing was removed" in out
+    out = prune("--keep-commits", "5", "--dry-run")  # nothing to do: said, not silent
+    assert out == "nothing to remove: 2 commit(s) published, all kept\n"
+    assert {str(p) for p in idx.rglob("*") if p.is_file()} == files
+    out = prune("--keep-commits", "1")
+    assert f"removing {A}" in out and "removed 1 commit(s)" in out
+    assert maintain.published(store)[0].commit == B and len(maintain.published(store)) == 1

@@ -8,9 +8,14 @@ Walks main's first-parent history between the two revisions. Each candidate's
 wheel is installed with uv into a virtual environment of the bisect's own
 (with uv's cache, and the torch the wheel pins) and CMD runs there: exit 0 is
 good, 125 is skip, anything else is bad (git bisect run's convention).
-Commits without a wheel for the variant are skipped. The user's checkout and
-active environment are never touched: CMD runs in a scratch folder (so that
-the checkout's engine/ cannot shadow the installed wheel) without PYTHONPATH;
+Commits without a wheel for the variant are skipped. The two ends are tested
+first: CMD must pass at --good and fail at --bad (an end without a wheel gives
+way to the nearest testable commit inside the range), else there is nothing
+to bisect and it says so. A wheel that does not install is an error, not a
+skip: that is mostly the environment (torch's index, the network), and a skip
+would turn it into an ambiguous answer. The user's checkout and active
+environment are never touched: CMD runs in a scratch folder (so that the
+checkout's engine/ cannot shadow the installed wheel) without PYTHONPATH;
 give it absolute paths to anything it needs.
 """
 from __future__ import annotations
@@ -123,7 +128,10 @@ def test_commit(inst: Installer, commit: str, command: list[str]) -> Step:
         return Step(commit, SKIP, f"no {inst.variant} wheel published")
     res = inst.install(*found)
     if res.returncode != 0:
-        return Step(commit, SKIP, f"install failed: {res.stderr.strip().splitlines()[-1:]}")
+        cause = " ".join(res.stderr.split()) or f"uv exited {res.returncode}"  # one line
+        raise UserError(f"installing the {inst.variant} wheel of {commit[:12]} failed: "
+                        f"{cause[:400]} (an error, not a skip: usually the environment; check "
+                        "torch's index or VLLM_TORCH_FIND_LINKS, and the network)")
     code = inst.run(command)
     if code == 0:
         return Step(commit, GOOD)
@@ -141,35 +149,61 @@ def bisect(root: Path, good: str, bad: str, command: list[str], index: str, vari
     if gitutil.git(root, "merge-base", "--is-ancestor", g, b, check=False) is None:
         raise UserError(f"--good {good} is not an ancestor of --bad {bad} on this history")
     between = (gitutil.git(root, "rev-list", "--first-parent", f"{g}..{b}") or "").split()
-    commits = list(reversed(between))  # oldest first; the last one is `bad`
-    if not commits:
+    if not between:
         raise UserError("--good and --bad are the same commit: nothing to bisect")
-    lo, hi = -1, len(commits) - 1  # commits[lo] (or --good) is good, commits[hi] is bad
+    seq = [g] + list(reversed(between))  # oldest first: seq[0] is --good, seq[-1] is --bad
     skipped: set[int] = set()
     steps: list[Step] = []
     with tempfile.TemporaryDirectory(prefix="vllm-bisect-") as tmp:
         inst = Installer(Path(tmp), index, variant, log)
+
+        def test(i: int, note: str = "") -> Step:
+            step = test_commit(inst, seq[i], command)
+            steps.append(step)
+            log(f"[{len(steps)}] {seq[i][:12]} {step.verdict}"
+                + (f" ({step.reason})" if step.reason else "") + note
+                + f"  — {gitutil.subject(root, seq[i])}")
+            if step.verdict == SKIP:
+                skipped.add(i)
+            return step
+
+        # Without these two, a command that passes everywhere still "finds" a first
+        # bad commit (the last one), and one that fails everywhere the first.
+        lo = _end(test, range(0, len(seq) - 1), GOOD, "--good", good)
+        hi = _end(test, range(len(seq) - 1, lo, -1), BAD, "--bad", bad)
         while True:
             untested = [i for i in range(lo + 1, hi) if i not in skipped]
             if not untested:
                 break
             mid = (lo + hi) / 2
             i = min(untested, key=lambda k: (abs(k - mid), k))
-            step = test_commit(inst, commits[i], command)
-            steps.append(step)
-            log(f"[{len(steps)}] {commits[i][:12]} {step.verdict}"
-                + (f" ({step.reason})" if step.reason else "")
-                + f"  — {gitutil.subject(root, commits[i])}")
-            if step.verdict == GOOD:
+            verdict = test(i).verdict
+            if verdict == GOOD:
                 lo = i
-            elif step.verdict == BAD:
+            elif verdict == BAD:
                 hi = i
-            else:
-                skipped.add(i)
-    rng = commits[lo + 1: hi + 1]
+    rng = seq[lo + 1: hi + 1]
     if len(rng) == 1:
-        return Result(commits[hi], [commits[hi]], steps)
+        return Result(seq[hi], rng, steps)
     return Result(None, rng, steps)
+
+
+def _end(test, order: range, want: str, flag: str, given: str) -> int:
+    """The index of the end's verdict: the end itself, or where it has no wheel
+    (or the command skips it), the nearest commit inward that has one."""
+    for i in order:
+        step = test(i, f" (the {flag} end)")
+        if step.verdict == SKIP:
+            continue
+        if step.verdict != want:
+            at = "" if i == order[0] else f" (the nearest testable commit, {step.commit[:12]})"
+            does = "passes" if step.verdict == GOOD else f"fails ({step.reason})"
+            fix = "passes" if want == GOOD else "fails"
+            raise UserError(f"the command {does} at {flag} {given}{at}: nothing to bisect; "
+                            f"give a {flag} revision where it {fix}")
+        return i
+    raise UserError(f"{flag} {given}: no commit from there to the other end could be tested "
+                    "(no wheel published, or the command skipped); nothing to bisect")
 
 
 def install_command(index: str, commit: str, variant: str) -> str:
@@ -199,15 +233,21 @@ def _check_index(index: str) -> None:
         get_bytes(f"{index}/")  # an unreachable server fails here, by name
 
 
+#: run-one's exit on an error (an install that failed, say): git bisect run stops
+#: on 128-255, where 2 would have marked the commit bad
+ABORT = 128
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    one = bool(argv) and argv[0] == "run-one"
     try:
-        if argv and argv[0] == "run-one":
+        if one:
             p = argparse.ArgumentParser(
                 prog="python -m tools.bisect run-one",
                 description="Test one revision: install its wheel, run the command; exit 0 good, "
-                            "125 skip (no wheel), 1 bad. For `git bisect run python -m "
-                            "tools.bisect run-one HEAD -- CMD...`.")
+                            "125 skip (no wheel), 1 bad, 128 error (git bisect run stops). For "
+                            "`git bisect run python -m tools.bisect run-one HEAD -- CMD...`.")
             p.add_argument("rev", help="the revision to test (HEAD under git bisect run)")
             _common(p)
             a = p.parse_args(argv[1:])
@@ -246,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("VLLM_DEBUG"):
             raise
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ABORT if one else 2
     out = {
         "first_bad": r.first_bad,
         "subject": gitutil.subject(root, r.first_bad) if r.first_bad else None,

@@ -61,3 +61,15 @@ def compiled_inputs_differ(root: Path, a: str, b: str | None) -> list[str]:
 
 def subject(root: Path, commit: str) -> str:
     return git(root, "show", "-s", "--format=%s", commit) or ""
+
+
+def is_ancestor(root: Path, a: str, b: str) -> bool | None:
+    """Whether commit a is an ancestor of commit b (or b itself); None when this
+    repository cannot tell (not a repository, or either commit is not in it)."""
+    try:
+        out = subprocess.run(["git", "merge-base", "--is-ancestor", a, b], cwd=root,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # 0 yes, 1 no; anything else (128: an unknown commit, no repository) is no answer
+    return {0: True, 1: False}.get(out.returncode)

@@ -82,8 +82,7 @@ def run(args) -> int:
         return 0
     storage = open_index(args.index, create=args.command == "publish")
     if args.command == "publish":
-        if isinstance(storage, LocalStorage):
-            storage.root.mkdir(parents=True, exist_ok=True)
+        # the folder is made under the lock, once every wheel is accepted
         r = publish(storage, args.commit, args.wheels, nightly=args.nightly, release=args.release,
                     force=args.force, allow_rewind=args.allow_rewind,
                     commit_time=args.commit_time)

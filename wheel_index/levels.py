@@ -10,7 +10,6 @@ commit, running at the same time, never drop each other's wheels.
 """
 from __future__ import annotations
 
-import json
 from typing import Callable, NamedTuple, Protocol
 
 from packaging.version import Version
@@ -18,6 +17,7 @@ from packaging.version import Version
 from tools.errors import UserError
 from wheel_index import pages
 from wheel_index.layout import ENTRY_SUFFIX, NIGHTLY, PROJECT, level_dir, project_dir
+from wheel_index.nightly import stays as nightly_stays
 from wheel_index.storage import Storage
 from wheel_index.wheels import WheelEntry
 
@@ -62,21 +62,6 @@ def write_if_changed(storage: Storage, key: str, data: bytes, written: list[str]
         written.append(key)
 
 
-def nightly_may_move(storage: Storage, view: str, commit: str, commit_time: int,
-                     allow_rewind: bool, log) -> bool:
-    current = storage.read(f"{view}/metadata.json")
-    if current is None:
-        return True
-    cur = json.loads(current)
-    if cur.get("commit") == commit or allow_rewind:
-        return True
-    if int(cur.get("commit_time", 0)) > commit_time:
-        log(f"{view} stays at {cur['commit']} (committed after {commit}); nightly only moves "
-            "forward, --allow-rewind moves it back")
-        return False
-    return True
-
-
 def render(storage: Storage, level: Level, view_dir: str, pointer: dict, written: list[str],
            keep: Callable[[WheelEntry], bool] = lambda e: True) -> None:
     """Write a view's pages from the level's stored entries, and repeat until
@@ -105,7 +90,7 @@ def render(storage: Storage, level: Level, view_dir: str, pointer: dict, written
 
 
 def write_views(storage: Storage, level: Level, commit_time: int, *, nightly: bool,
-                release_version: str | None, allow_rewind: bool, log, result) -> None:
+                release_version: str | None, allow_rewind: bool, result) -> None:
     """The level's commit view; nightly's when it may move there; the release's
     (only the release's wheels) when publishing one."""
     pointer = {"project": PROJECT, "commit": level.commit, "commit_time": commit_time,
@@ -118,9 +103,11 @@ def write_views(storage: Storage, level: Level, commit_time: int, *, nightly: bo
         render(storage, level, view, {**pointer, "view": view}, result.pages_written)
     if nightly:
         nviews = views(NIGHTLY)
-        moved = nightly_may_move(storage, nviews[0], level.commit, commit_time, allow_rewind, log)
-        result.nightly_moved[level.name] = moved
-        if moved:
+        why = nightly_stays(storage, nviews[0], level.commit, commit_time, allow_rewind)
+        result.nightly_moved[level.name] = why is None
+        if why:
+            result.nightly_kept.setdefault(why, []).append(level.name)
+        else:
             for view in nviews:
                 render(storage, level, view, {**pointer, "view": view}, result.pages_written)
     if release_version:

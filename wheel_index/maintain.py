@@ -8,10 +8,12 @@ import posixpath
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from urllib.parse import unquote
 
 from tools.errors import UserError
 from wheel_index.documents import parse_metadata_json
+from wheel_index.journal import exclusive
 from wheel_index.layout import COMMIT_RE, ENTRY_SUFFIX, METADATA_SUFFIX, PROJECT, project_dir
 from wheel_index.levels import entries_in
 from wheel_index.storage import Storage
@@ -59,10 +61,19 @@ def pointers(storage: Storage) -> dict[str, str]:
 
 def prune(storage: Storage, *, keep_days: int | None = None, keep_commits: int | None = None,
           dry_run: bool = False, log=print, now: float | None = None) -> list[str]:
+    """The commits removed (or, with dry_run, that would be), newest first; each is
+    logged with its files, so that a dry run shows exactly what a real one removes."""
     if (keep_days is None) == (keep_commits is None):
         raise UserError("prune needs exactly one of --keep-days N or --keep-commits N")
     if (keep_days or 0) < 0 or (keep_commits or 0) < 0:
         raise UserError("--keep-days and --keep-commits must not be negative")
+    if dry_run:  # reads only: no lock, nothing written
+        return _prune(storage, keep_days, keep_commits, True, log, now)
+    with exclusive(storage, log):
+        return _prune(storage, keep_days, keep_commits, False, log, now)
+
+
+def _prune(storage: Storage, keep_days, keep_commits, dry_run: bool, log, now) -> list[str]:
     protected = set(pointers(storage).values())
     commits = published(storage)
     if keep_commits is not None:
@@ -70,30 +81,54 @@ def prune(storage: Storage, *, keep_days: int | None = None, keep_commits: int |
     else:
         cutoff = (now or time.time()) - keep_days * 86400
         doomed = [p for p in commits if p.commit_time < cutoff]
-    removed = []
+    removed, files_total, bytes_total = [], 0, 0
     for p in doomed:
         if p.commit in protected:
             log(f"keeping {p.commit}: nightly or a release points at it")
             continue
-        log(f"{'would remove' if dry_run else 'removing'} {p.commit}")
+        sizes = storage.sizes(p.commit)
+        files_total += len(sizes)
+        bytes_total += sum(sizes.values())
+        when = datetime.fromtimestamp(p.commit_time, timezone.utc).strftime("%Y-%m-%d %H:%M")
+        log(f"{'would remove' if dry_run else 'removing'} {p.commit}  {when}  "
+            f"({len(sizes)} file(s), {_size(sum(sizes.values()))})")
         removed.append(p.commit)
-        if not dry_run:
-            keys = storage.list(p.commit)
-            files = [k for k in keys if k.endswith((".whl", METADATA_SUFFIX, ENTRY_SUFFIX))]
-            records = [k for k in files if k.endswith(ENTRY_SUFFIX)]
-            # pages first (no dangling link), entry records last (while one is left, the
-            # commit still counts as published and a rerun retries); a failure stops there
-            try:
-                storage.delete([k for k in keys if k not in files])
-                storage.delete([k for k in files if k not in records])
-                storage.delete(records)
-                if storage.dir_keys:
-                    storage.delete([f"{p.commit}/", f"{p.commit}/{PROJECT}/"] + [
-                        f"{p.commit}/{v}/{s}" for v in p.variants for s in ("", f"{PROJECT}/")])
-            except UserError as exc:
-                raise UserError(f"prune stopped at {p.commit}: {exc}; nothing after it was "
-                                "removed, run prune again") from None
+        if dry_run:
+            for key in sorted(sizes):
+                log(f"    {key}")
+            continue
+        _remove(storage, p, sorted(sizes))
+    kept = len(commits) - len(removed)
+    if not removed:
+        log(f"nothing to remove: {len(commits)} commit(s) published, all kept")
+    elif dry_run:
+        log(f"dry run: would remove {len(removed)} commit(s), {files_total} file(s), "
+            f"{_size(bytes_total)}; would keep {kept}; nothing was removed")
+    else:
+        log(f"removed {len(removed)} commit(s), {files_total} file(s), {_size(bytes_total)}; "
+            f"kept {kept}")
     return removed
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def _remove(storage: Storage, p: Published, keys: list[str]) -> None:
+    files = [k for k in keys if k.endswith((".whl", METADATA_SUFFIX, ENTRY_SUFFIX))]
+    records = [k for k in files if k.endswith(ENTRY_SUFFIX)]
+    # pages first (no dangling link), entry records last (while one is left, the
+    # commit still counts as published and a rerun retries); a failure stops there
+    try:
+        storage.delete([k for k in keys if k not in files])
+        storage.delete([k for k in files if k not in records])
+        storage.delete(records)
+        if storage.dir_keys:
+            storage.delete([f"{p.commit}/", f"{p.commit}/{PROJECT}/"] + [
+                f"{p.commit}/{v}/{s}" for v in p.variants for s in ("", f"{PROJECT}/")])
+    except UserError as exc:
+        raise UserError(f"prune stopped at {p.commit}: {exc}; nothing after it was "
+                        "removed, run prune again") from None
 
 
 HREF = re.compile(r'<a href="([^"#]+)#sha256=([0-9a-f]{64})"([^>]*)>([^<]+)</a>')

@@ -2,13 +2,15 @@
 once, then (re)write only the pages that change.
 
 Order makes a killed publish harmless: every wheel is refused or accepted
-before any is stored, and each level stores its wheels (wheel, .metadata,
-entry) before its pages are written (wheel_index/levels.py). The levels are
-each variant's, then the variants level of PEP 825 variant wheels.
+before the index is touched; then, holding the index lock (one publish or
+prune at a time, wheel_index/locking.py), every level stores its wheels
+(wheel, .metadata, entry) before any page is written, and the pages are
+written under a journal that the next publish finishes if this one is killed
+(wheel_index/journal.py). The levels are each variant's, then the variants
+level of PEP 825 variant wheels.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,21 +20,10 @@ from tools import gitutil, kernel_reuse
 from tools.errors import UserError
 from tools.hashing import sha256_file
 from wheel_index import per_variant_level, variants_level
+from wheel_index.journal import Plan, PublishResult, exclusive, write_pages
 from wheel_index.layout import COMMIT_RE
-from wheel_index.levels import write_views
-from wheel_index.per_variant_level import PerVariantLevel
 from wheel_index.storage import Storage
-from wheel_index.variants_level import VariantsLevel
 from wheel_index.wheels import inspect_wheel
-
-
-@dataclass
-class PublishResult:
-    stored: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    pages_written: list[str] = field(default_factory=list)
-    nightly_moved: dict[str, bool] = field(default_factory=dict)
-    variants: PublishResult | None = None  # what the variants level did, kept apart
 
 
 def check_commit(commit: str) -> str:
@@ -87,18 +78,19 @@ def publish(storage: Storage, commit: str, wheel_paths: list[Path], *, nightly: 
         release_version = next(iter(publics))
     when = resolve_commit_time(commit, commit_time)
     shas = {w.filename: sha256_file(w.path) for w in wheels}
-    for w in wheels:  # conflicts are refused before anything is stored
-        per_variant_level.published(storage, w, commit, shas[w.filename], force)
-    variant_wheels = variants_level.prepare(storage, commit, wheels, force, log)
-
-    views = dict(nightly=nightly, release_version=release_version, allow_rewind=allow_rewind,
-                 log=log)
-    result = PublishResult()
-    for w in wheels:
-        per_variant_level.store(storage, w, shas[w.filename], commit, when, force, log, result)
-    for variant in sorted({w.variant for w in wheels}):
-        write_views(storage, PerVariantLevel(commit, variant), when, result=result, **views)
-    result.variants = PublishResult()
-    if variants_level.store(storage, variant_wheels, when, log, result.variants):
-        write_views(storage, VariantsLevel(commit), when, result=result.variants, **views)
+    with exclusive(storage, log):
+        for w in wheels:  # conflicts are refused before anything is stored
+            per_variant_level.published(storage, w, commit, shas[w.filename], force)
+        variant_wheels = variants_level.prepare(storage, commit, wheels, force, log)
+        result = PublishResult(variants=PublishResult())
+        try:
+            for w in wheels:
+                per_variant_level.store(storage, w, shas[w.filename], commit, when, force, log,
+                                        result)
+            made = variants_level.store(storage, variant_wheels, when, log, result.variants)
+        finally:
+            variant_wheels.close()
+        plan = Plan(commit, when, sorted({w.variant for w in wheels}), made, nightly,
+                    release_version, allow_rewind)
+        write_pages(storage, plan, log, result)
     return result

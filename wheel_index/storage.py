@@ -2,19 +2,29 @@
 S3 API (boto3). The index logic never knows which it has.
 
 Writes are atomic: on disk a temporary name then a rename, on S3 one PUT.
+Names starting with "." are the index's own (its lock, the journal of a publish
+in progress, temporaries): no listing shows them, so no page, verify, ls or
+prune ever sees them. No published name starts with ".".
 """
 from __future__ import annotations
 
 import os
+import threading
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
 from tools.atomic import write_atomic
 from tools.errors import UserError
+from wheel_index import locking
 from wheel_index.layout import COMMIT_RE, NIGHTLY, cache_control, content_type
 
 TMP_PREFIX = ".tmp-"
+
+
+def hidden(key: str) -> bool:
+    return key.rsplit("/", 1)[-1].startswith(".")
 
 
 class Storage(ABC):
@@ -57,6 +67,14 @@ class Storage(ABC):
     @abstractmethod
     def describe(self) -> str:
         """Where this is, for messages (never credentials)."""
+
+    @abstractmethod
+    def lock(self, log):
+        """A context manager holding the index's lock (wheel_index/locking.py)."""
+
+    @abstractmethod
+    def clean_temporaries(self) -> int:
+        """Remove what killed writers left (only safe under lock()); how many."""
 
 
 class LocalStorage(Storage):
@@ -101,7 +119,7 @@ class LocalStorage(Storage):
         out = {}
         for dirpath, _, files in os.walk(base):
             for name in files:
-                if not name.startswith(TMP_PREFIX):
+                if not hidden(name):
                     p = Path(dirpath, name)
                     out[p.relative_to(self.root).as_posix()] = (p.stat().st_size, None)
         return out
@@ -113,7 +131,7 @@ class LocalStorage(Storage):
         base = self._path(prefix)
         if not base.is_dir():
             return []
-        return sorted(p.name for p in base.iterdir() if p.is_dir())
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and not hidden(p.name))
 
     def delete(self, keys):
         for key in keys:
@@ -128,6 +146,18 @@ class LocalStorage(Storage):
     def describe(self):
         return str(self.root)
 
+    def lock(self, log):
+        return locking.folder_lock(self.root, log)
+
+    def clean_temporaries(self):
+        if not self.root.is_dir():
+            return 0
+        stale = [Path(d, n) for d, _, files in os.walk(self.root) for n in files
+                 if n.startswith(TMP_PREFIX)]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return len(stale)
+
 
 class S3Storage(Storage):
     """Bucket and prefix from s3://bucket/prefix; endpoint, region and
@@ -135,6 +165,8 @@ class S3Storage(Storage):
     AWS_REGION, AWS_ACCESS_KEY_ID, ...) through boto3, and are never printed."""
 
     dir_keys = True
+    #: seconds the lock lease lives without a renewal (wheel_index/locking.py)
+    lock_ttl_s = 120.0
 
     def __init__(self, bucket: str, prefix: str, client=None):
         import boto3
@@ -142,6 +174,7 @@ class S3Storage(Storage):
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        self._held = threading.local()  # the lease this thread's publish holds
         self.client = client or boto3.client(
             "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}))
 
@@ -166,13 +199,22 @@ class S3Storage(Storage):
         return dict(Bucket=self.bucket, Key=self._key(key), ContentType=content_type(key),
                     CacheControl=cache_control(key))
 
+    def _check_lease(self) -> None:
+        lease = getattr(self._held, "lease", None)
+        if lease is not None and lease.lost:
+            raise UserError(f"{self.describe()}: another publisher took over this one's lock "
+                            f"(it went {self.lock_ttl_s:.0f} s without a renewal); nothing more "
+                            "is written, run the publish again")
+
     def write_atomic(self, key, data):
+        self._check_lease()
         try:
             self.client.put_object(Body=data, **self._put_args(key))
         except Exception as exc:
             raise self._errors(f"writing {key}", exc) from None
 
     def upload_file(self, key, path):
+        self._check_lease()
         args = self._put_args(key)
         try:
             self.client.upload_file(str(path), args.pop("Bucket"), args.pop("Key"),
@@ -195,7 +237,8 @@ class S3Storage(Storage):
         strip = len(self._key("")) if self.prefix else 0
         return {o["Key"][strip:]: (o["Size"], o.get("ETag"))
                 for page in self._paginate(Prefix=full)
-                for o in page.get("Contents", []) if not o["Key"].endswith("/")}
+                for o in page.get("Contents", [])
+                if not o["Key"].endswith("/") and not hidden(o["Key"])}
 
     def etag(self, key):
         try:
@@ -209,9 +252,10 @@ class S3Storage(Storage):
         for page in self._paginate(Prefix=full, Delimiter="/"):
             for p in page.get("CommonPrefixes", []):
                 names.add(p["Prefix"][len(full):].strip("/"))
-        return sorted(n for n in names if n)
+        return sorted(n for n in names if n and not hidden(n))
 
     def delete(self, keys):
+        self._check_lease()
         full = [self._key(k) for k in keys]
         for i in range(0, len(full), 1000):
             batch = [{"Key": k} for k in full[i:i + 1000]]
@@ -230,6 +274,33 @@ class S3Storage(Storage):
 
     def describe(self):
         return f"s3://{self.bucket}/{self.prefix}"
+
+    @contextmanager
+    def lock(self, log):
+        lease = locking.S3Lease(self.client, self.bucket, self._key(locking.LOCK_NAME),
+                                self.describe(), log, self.lock_ttl_s)
+        with lease:
+            self._held.lease = lease
+            try:
+                yield
+            finally:
+                self._held.lease = None
+
+    def clean_temporaries(self):
+        """Abort the multipart uploads a killed publisher left (unseen, but billed)."""
+        prefix = self._key("").rstrip("/") + "/" if self.prefix else ""
+        aborted = 0
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=prefix)
+            for page in pages:
+                for u in page.get("Uploads", []):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"],
+                                                       UploadId=u["UploadId"])
+                    aborted += 1
+        except Exception:
+            pass  # best effort: a policy may deny it, and the index is whole without it
+        return aborted
 
 
 def open_index(spec: str, *, create: bool = False) -> Storage:

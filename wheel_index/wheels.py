@@ -3,6 +3,7 @@ well-formed vllm-engine wheel whose name, metadata and build info agree."""
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 import zlib
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -19,6 +20,7 @@ from packaging.version import InvalidVersion, Version
 from tools.errors import UserError
 from tools.variants import VARIANTS, main_cuda_variant
 from wheel_index.documents import (
+    TAG_RE,
     check_commit,
     check_sha256,
     parse_build_info,
@@ -28,6 +30,11 @@ from wheel_index.documents import (
 from wheel_index.layout import PROJECT
 
 BUILD_INFO = "engine/_build_info.json"
+#: The wheel spec's file name, character by character: parse_wheel_filename
+#: alone takes any character in a tag ('?', '#', a space), and such a name
+#: becomes a key, a link and a metadata.json tag that verify, ls and prune refuse.
+WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_.]*)?"
+                           rf"(-{TAG_RE.pattern}){{3}}\.whl")  # tags: as metadata.json's
 
 
 @dataclass(frozen=True)
@@ -105,13 +112,17 @@ class InspectedWheel:
 def inspect_wheel(path: Path) -> InspectedWheel:
     path = Path(path)
     name = path.name
-    where = f"{path}"
+    where = str(path) if str(path).isprintable() else repr(str(path))  # one line, always
     if not path.is_file():
         raise UserError(f"{where}: no such file")
     if not name.endswith(".whl"):
         raise UserError(f"{where}: not a wheel (the file name does not end in .whl)")
     if any(c in name for c in "/\\") or name.startswith(".") or ".." in name:
         raise UserError(f"{where}: the file name must be a plain wheel name")
+    if not WHEEL_NAME_RE.fullmatch(name):
+        raise UserError(f"{where}: {name!r} is not a wheel file name as the wheel spec spells "
+                        "it (name-version[-build]-python-abi-platform.whl of letters, digits, "
+                        "'_' and '.', with '+' and '!' only in the version); rename the file")
     try:
         dist, version, _build, tags = parse_wheel_filename(name)
     except InvalidWheelFilename as exc:

@@ -115,13 +115,25 @@ def _cli(idx, c, when, ws, stop_at=None):
 
 
 def test_kill_9_mid_publish_then_verify_is_clean_after_the_next(tmp_path):
+    _kill_rounds(tmp_path, (3, 11, 19, 24, 33, 41, 52))
+
+
+@pytest.mark.slow
+def test_30_kills_mid_publish_each_cleaned_by_the_next(tmp_path):
+    """The issue's measure: 30 kill -9s, at 30 different writes of a publish."""
+    _kill_rounds(tmp_path, tuple(range(2, 47, 3)) * 2)
+
+
+def _kill_rounds(tmp_path, points: tuple[int, ...]) -> None:
     idx = tmp_path / "index"
     assert _cli(idx, commit(0), 1, wheels(tmp_path, commit(0))).returncode == 0
     phases = set()
-    for n, k in enumerate((3, 11, 19, 24, 33, 41, 52), 1):
+    for n, k in enumerate(points, 1):
         killed, after = commit(2 * n - 1), commit(2 * n)
         p = _cli(idx, killed, 2 * n, wheels(tmp_path, killed), stop_at=k)
         line = p.stdout.readline()
+        while line and not line.startswith("STOPPED IN"):  # its progress lines come first
+            line = p.stdout.readline()
         assert line.startswith("STOPPED IN"), line + p.communicate()[1]
         os.kill(p.pid, signal.SIGKILL)
         p.communicate()

@@ -14,6 +14,7 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
+from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig, create_engine_config
 from engine.executor.select import make_executor
 
@@ -70,21 +71,55 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Run one batch: each request that got a token has an output (a
         partial prefill chunk gets none), the last one with finish_reason.
-        A step that raises leaves last_scheduled naming its requests."""
+        A batch that raises is run again a request at a time: those that
+        raise again fail (failed_request_ids), the others go on. A step whose
+        every request fails raises, leaving last_scheduled naming them."""
         out = self.scheduler.schedule()
         self.last_output = out
         self.last_scheduled = [s.request_id for s in out.scheduled]
         if not out.scheduled:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
+        failed: list[str] = []
+        failure = None
         try:
             tokens = self.executor.execute_model(out.scheduled, out.is_prefill)
+        except Exception as exc:
+            if len(out.scheduled) == 1 or isinstance(exc, RankDiedError):
+                raise
+            out, tokens, failed, failure = self._one_at_a_time(out, exc)
         finally:
             self.scheduler.copies_done()
         outputs = self.scheduler.update_from_output(out, tokens)
         for o in outputs:
             if o.finish_reason is not None:
                 self.requests.pop(o.request_id, None)
-        return EngineCoreOutputs(outputs, self.make_stats(), time.monotonic())
+        return EngineCoreOutputs(outputs, self.make_stats(), time.monotonic(),
+                                 failed_request_ids=failed, failure=failure)
+
+    def _one_at_a_time(self, out: SchedulerOutput, exc: Exception):
+        """(the step's output without the requests that raise alone, their
+        tokens, those requests' ids, the first one's error line)."""
+        tokens: dict[str, list[int]] = {}
+        bad: list[tuple[Sequence, Exception]] = []
+        for seq in out.scheduled:
+            try:
+                tokens[seq.request_id] = self.executor.execute_model([seq], out.is_prefill)
+            except Exception as again:
+                if isinstance(again, RankDiedError):
+                    raise
+                bad.append((seq, again))
+        if len(bad) == len(out.scheduled):
+            raise exc  # not one request's doing: the step's failure, as before
+        for seq, _ in bad:
+            self.scheduler.abort(seq)
+            self.requests.pop(seq.request_id, None)
+        good = [s for s in out.scheduled if s.request_id in tokens]
+        sampled = [s for s in out.sampled if s.request_id in tokens]
+        first = bad[0][1]
+        return (SchedulerOutput(good, out.is_prefill, sampled, out.preempted_req_ids),
+                [t for s in sampled for t in tokens[s.request_id]],
+                [s.request_id for s, _ in bad],
+                f"{type(first).__name__}: {first}".splitlines()[0])
 
     def make_stats(self) -> SchedulerStats:
         s, b = self.scheduler, self.blocks

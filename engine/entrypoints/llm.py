@@ -85,7 +85,11 @@ class LLM:
             self.core.add_request(state.core_request())
         try:
             while self.core.has_unfinished():
-                stopped = output.process_outputs(self.core.step().outputs)
+                outs = self.core.step()
+                if outs.failed_request_ids:  # offline, one failed prompt fails the call
+                    raise RuntimeError(f"prompt(s) {', '.join(outs.failed_request_ids)} "
+                                       f"failed: {outs.failure}")
+                stopped = output.process_outputs(outs.outputs)
                 self.core.abort_requests(stopped)  # ended by a stop string
         except BaseException:
             self.core.abort_requests([s.request_id for s in states])  # a later call starts clean

@@ -70,7 +70,10 @@ def test_tp2_greedy_ids_equal_one_rank(model):
     one = run_engine(model, 1)
     first, again = json.loads(one)
     assert first[0] and again == first  # again: parts of blocks found, copied
+    before = set(Path("/dev/shm").glob("vllm-engine-allreduce-*"))
     assert run_engine(model, 2) == one
+    # the ranks' shared buffers: a random name (not the port's), unlinked once mapped
+    assert set(Path("/dev/shm").glob("vllm-engine-allreduce-*")) <= before
 
 
 @pytest.mark.slow
@@ -198,3 +201,30 @@ def test_serve_tp2_answers_like_one_rank_and_a_killed_rank_is_503(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_shared_all_reduce_buffer_has_a_name_no_one_can_guess(monkeypatch, tmp_path):
+    """Named after the group's port, another local user could plant a file or a
+    link there first; rank 0 makes a random name and sends it to the others."""
+    import torch.distributed as td
+
+    from engine.distributed import parallel_state as ps
+    from engine.distributed import shm_all_reduce
+
+    made = []
+
+    class Recorder:
+        def __init__(self, path, rank, world, timeout, create):
+            made.append(path)
+            open(path, "x").close()
+
+    monkeypatch.setattr(shm_all_reduce, "supported", lambda: True)
+    monkeypatch.setattr(shm_all_reduce, "ShmAllReduce", Recorder)
+    monkeypatch.setattr(td, "barrier", lambda: None)
+    monkeypatch.setattr(td, "broadcast_object_list", lambda objs, src: None)
+    dist = ps.DistInit("127.0.0.1", 29500, world_size=2, same_machine=True)
+    for _ in range(2):
+        ps._join_shared_memory(0, dist)
+    assert len(set(made)) == 2 and not any("29500" in p for p in made), made
+    assert not any(Path(p).exists() for p in made)  # unlinked once mapped
+    monkeypatch.setattr(ps, "_shm", None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -79,8 +80,8 @@ def join(rank: int, dist: DistInit) -> None:
 
 
 def _join_shared_memory(rank: int, dist: DistInit) -> None:
-    """Map the ranks' shared all-reduce buffers (named by the group's port,
-    unlinked once every rank has mapped them)."""
+    """Map the ranks' shared all-reduce buffers (a random name rank 0 sends
+    the others, unlinked once every rank has mapped them)."""
     global _shm
     import torch.distributed as td
 
@@ -88,10 +89,12 @@ def _join_shared_memory(rank: int, dist: DistInit) -> None:
 
     if not shm_all_reduce.supported():
         return
-    path = f"/dev/shm/vllm-engine-allreduce-{dist.port}"
+    # a name no one can guess (a name from the port let another local user plant
+    # a file or link there first), made by rank 0 (O_EXCL, 0600) and sent to the rest
+    name = [f"/dev/shm/vllm-engine-allreduce-{secrets.token_hex(16)}" if rank == 0 else None]
+    td.broadcast_object_list(name, src=0)
+    path = name[0]
     if rank == 0:
-        if os.path.exists(path):  # left by a run that crashed on this port
-            os.unlink(path)
         _shm = shm_all_reduce.ShmAllReduce(path, 0, dist.world_size, COLLECTIVE_TIMEOUT_S, True)
     td.barrier()
     if rank:

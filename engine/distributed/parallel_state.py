@@ -91,9 +91,9 @@ def _join_shared_memory(rank: int, dist: DistInit) -> None:
         return
     # a name no one can guess (a name from the port let another local user plant
     # a file or link there first), made by rank 0 (O_EXCL, 0600) and sent to the rest
-    name = [f"/dev/shm/vllm-engine-allreduce-{secrets.token_hex(16)}" if rank == 0 else None]
+    name = [f"/dev/shm/vllm-engine-allreduce-{secrets.token_hex(16)}" if rank == 0 else ""]
     td.broadcast_object_list(name, src=0)
-    path = name[0]
+    path: str = name[0]
     if rank == 0:
         _shm = shm_all_reduce.ShmAllReduce(path, 0, dist.world_size, COLLECTIVE_TIMEOUT_S, True)
     td.barrier()

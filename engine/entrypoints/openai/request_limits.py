@@ -6,6 +6,7 @@ Neither needs the engine: BodySizeLimit wraps any ASGI app, and the prompt
 bound is a byte count against a number taken from the tokenizer once."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 
@@ -29,6 +30,10 @@ def default_max_body_bytes(max_model_len: int) -> int:
     return BODY_HEADROOM_BYTES + max_model_len * JSON_BYTES_PER_TOKEN
 
 
+DRAIN_BYTES = 64 << 20
+DRAIN_S = 5.0
+
+
 class BodySizeLimit:
     """ASGI middleware: 413, OpenAI-shaped, for a request body over max_bytes.
     A declared Content-Length over it is refused before a byte of the body is
@@ -50,7 +55,7 @@ class BodySizeLimit:
         declared = _content_length(scope["headers"])
         if declared is not None:
             if declared > self.max_bytes:
-                await self._refuse(send, f"the request body is {declared} bytes")
+                await self._refuse(send, f"the request body is {declared} bytes", receive)
                 return
             # the server ends the body at Content-Length: nothing to count
             await self.app(scope, receive, send)
@@ -63,7 +68,8 @@ class BodySizeLimit:
                 return
             size += len(message.get("body", b""))
             if size > self.max_bytes:
-                await self._refuse(send, f"the request body is at least {size} bytes")
+                await self._refuse(send, f"the request body is at least {size} bytes",
+                                   receive if message.get("more_body", False) else None)
                 return
             held.append(message)
             if not message.get("more_body", False):
@@ -75,17 +81,37 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send, what: str) -> None:
+    async def _refuse(self, send, what: str, receive=None) -> None:
         message = f"{what}; this server takes at most {self.max_bytes} ({FLAG})"
         body = json.dumps({"error": {"message": message, "type": "RequestEntityTooLarge",
                                      "param": None, "code": 413}}).encode()
-        # Connection: close: the rest of the body may still be on its way, and the
-        # connection cannot carry another request until it is read or dropped
+        # Connection: close: the connection cannot carry another request
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
+        if receive is not None:
+            await _drain(receive)
         await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(receive) -> None:
+    """Read and drop what is left of a refused body, within DRAIN_BYTES and
+    DRAIN_S (nginx's lingering close): a client sends its whole body before it
+    reads the answer (httpx, requests, the OpenAI SDK), and closing on unread
+    bytes makes the kernel reset the connection, the 413 with it."""
+    async def drop() -> None:
+        left = DRAIN_BYTES
+        while left > 0:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            left -= len(message.get("body", b""))
+
+    try:
+        await asyncio.wait_for(drop(), DRAIN_S)
+    except asyncio.TimeoutError:
+        pass
 
 
 def _content_length(headers) -> int | None:

@@ -11,9 +11,7 @@ waiting one is dropped first), so a crowd cannot exhaust file descriptors.
 """
 from __future__ import annotations
 
-import heapq
 import http.server
-import itertools
 import os
 import queue
 import selectors
@@ -23,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from wheel_index import sender
+from wheel_index.selector_thread import SelectorThread
 from wheel_index.sender import Body, Sender
 
 DEFAULT_THREADS = 64
@@ -67,90 +66,43 @@ def head_end(buf: bytes | bytearray) -> int:
     return min(ends) if ends else -1
 
 
-class Gatherer:
+class Gatherer(SelectorThread):
     """The selector thread that collects request heads (see the module's doc)."""
 
     def __init__(self, dispatch, header_timeout: float, idle_timeout: float,
                  max_waiting: int = MAX_WAITING):
+        super().__init__("index-gather")
         self._dispatch = dispatch
         self._header_timeout, self._idle_timeout = header_timeout, idle_timeout
         self._max_waiting = max_waiting
-        self._sel = selectors.DefaultSelector()
         self._waiting: dict[int, _Waiting] = {}
-        self._deadlines: list[tuple[float, int, int]] = []  # (deadline, seq, fd), lazy
-        self._seq = itertools.count()
-        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="index-gather")
-        self._thread.start()
+        self._start()
 
     def add(self, sock: socket.socket, address, rest: bytes = b"", idle: bool = False) -> None:
         """Wait for the next request head on sock (from any thread)."""
-        if self._stopped:
+        if not self._submit((sock, address, rest, idle)):
             sock.close()
-            return
-        self._incoming.put((sock, address, rest, idle))
-        self._wake()
 
-    def close(self) -> None:
-        self._stopped = True
-        self._incoming.put((None, None, b"", False))
-        self._wake()
-        self._thread.join(timeout=5)
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:  # the wake buffer is full: the gatherer is awake anyway
-            pass
-
-    def _run(self) -> None:
-        while not self._stopped:
-            now = time.monotonic()
-            timeout = max(0.0, self._deadlines[0][0] - now) if self._deadlines else None
-            for key, _ in self._sel.select(timeout):
-                if key.fileobj is self._wake_r:
-                    self._take_incoming()
-                else:
-                    self._read(key.fd)
-            self._expire(time.monotonic())
+    def _stop(self) -> None:
         for w in list(self._waiting.values()):
             self._drop(w)
-        self._sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
 
-    def _take_incoming(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        while True:
-            try:
-                sock, address, rest, idle = self._incoming.get_nowait()
-            except queue.Empty:
-                return
-            if sock is None:
-                continue
-            now = time.monotonic()
-            w = _Waiting(sock, address, now + (self._idle_timeout if idle and not rest
-                                               else self._header_timeout),
-                         started=bool(rest) or not idle, buf=bytearray(rest))
-            if self._complete(w):
-                continue
-            if len(self._waiting) >= self._max_waiting:
-                self._drop_oldest()
-            fd = sock.fileno()
-            self._waiting[fd] = w
-            self._sel.register(fd, selectors.EVENT_READ)
-            heapq.heappush(self._deadlines, (w.deadline, next(self._seq), fd))
+    def _take(self, item) -> None:
+        sock, address, rest, idle = item
+        now = time.monotonic()
+        w = _Waiting(sock, address, now + (self._idle_timeout if idle and not rest
+                                           else self._header_timeout),
+                     started=bool(rest) or not idle, buf=bytearray(rest))
+        if self._complete(w):
+            return
+        if len(self._waiting) >= self._max_waiting:
+            self._drop_oldest()
+        fd = sock.fileno()
+        self._waiting[fd] = w
+        self._sel.register(fd, selectors.EVENT_READ)
+        self._at(w.deadline, fd)
 
-    def _read(self, fd: int) -> None:
+    def _ready(self, fd: int) -> None:
         w = self._waiting.get(fd)
         if w is None:
             return
@@ -165,7 +117,7 @@ class Gatherer:
         if not w.started:  # a keep-alive connection starts its next head: its clock starts
             w.started = True
             w.deadline = time.monotonic() + self._header_timeout
-            heapq.heappush(self._deadlines, (w.deadline, next(self._seq), fd))
+            self._at(w.deadline, fd)
         w.buf += data
         if head_end(w.buf) < 0 and len(w.buf) > MAX_HEAD:
             _send_quietly(w.sock, _TOO_LARGE_431)
@@ -182,15 +134,13 @@ class Gatherer:
         self._dispatch(Request(w.sock, bytes(w.buf[:end]), bytes(w.buf[end:])), w.address)
         return True
 
-    def _expire(self, now: float) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, fd = heapq.heappop(self._deadlines)
-            w = self._waiting.get(fd)
-            if w is None or w.deadline != deadline:
-                continue  # served meanwhile, or its clock was restarted
-            if w.started:
-                _send_quietly(w.sock, _TIMEOUT_408)
-            self._unwatch(fd, close=True)
+    def _expired(self, fd: int, deadline: float) -> None:
+        w = self._waiting.get(fd)
+        if w is None or w.deadline != deadline:
+            return  # served meanwhile, or its clock was restarted
+        if w.started:
+            _send_quietly(w.sock, _TIMEOUT_408)
+        self._unwatch(fd, close=True)
 
     def _drop_oldest(self) -> None:
         fd = min(self._waiting, key=lambda f: self._waiting[f].deadline)

@@ -8,17 +8,15 @@ nothing for SEND_TIMEOUT, and hands a kept-alive connection back to wait for
 its next request."""
 from __future__ import annotations
 
-import heapq
-import itertools
 import os
-import queue
 import selectors
 import socket
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+from wheel_index.selector_thread import SelectorThread
 
 #: seconds a client may take no byte of a response before it is dropped
 SEND_TIMEOUT = 15.0
@@ -36,81 +34,36 @@ class Body:
     deadline: float = 0.0
 
 
-class Sender:
+class Sender(SelectorThread):
     def __init__(self, send_timeout: float | None = None):
+        super().__init__("index-send")
         self._timeout = SEND_TIMEOUT if send_timeout is None else send_timeout
-        self._sel = selectors.DefaultSelector()
         self._bodies: dict[int, Body] = {}
-        self._deadlines: list[tuple[float, int, int]] = []
-        self._seq = itertools.count()
-        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="index-send")
-        self._thread.start()
+        self._start()
 
     def add(self, body: Body) -> None:
         """Send body (from any thread); the file descriptor is the sender's now."""
-        if self._stopped:
+        if not self._submit(body):
             os.close(body.fd)
             body.done(False)
-            return
-        self._incoming.put(body)
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
 
-    def close(self) -> None:
-        self._stopped = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stopped:
-            timeout = max(0.0, self._deadlines[0][0] - time.monotonic()) \
-                if self._deadlines else None
-            for key, _ in self._sel.select(timeout):
-                if key.fileobj is self._wake_r:
-                    self._take_incoming()
-                else:
-                    self._push(key.fd)
-            self._expire(time.monotonic())
+    def _stop(self) -> None:
         for fd in list(self._bodies):
             self._finish(fd, False)
-        self._sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
 
-    def _take_incoming(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        while True:
-            try:
-                body = self._incoming.get_nowait()
-            except queue.Empty:
-                return
-            body.sock.setblocking(False)
-            fd = body.sock.fileno()
-            self._bodies[fd] = body
-            self._sel.register(fd, selectors.EVENT_WRITE)
-            self._progressed(fd, body)
-            self._push(fd)
+    def _take(self, body: Body) -> None:
+        body.sock.setblocking(False)
+        fd = body.sock.fileno()
+        self._bodies[fd] = body
+        self._sel.register(fd, selectors.EVENT_WRITE)
+        self._progressed(fd, body)
+        self._ready(fd)
 
     def _progressed(self, fd: int, body: Body) -> None:
         body.deadline = time.monotonic() + self._timeout
-        heapq.heappush(self._deadlines, (body.deadline, next(self._seq), fd))
+        self._at(body.deadline, fd)
 
-    def _push(self, fd: int) -> None:
+    def _ready(self, fd: int) -> None:
         body = self._bodies.get(fd)
         if body is None:
             return
@@ -128,12 +81,10 @@ class Sender:
             return self._finish(fd, True)
         self._progressed(fd, body)
 
-    def _expire(self, now: float) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, fd = heapq.heappop(self._deadlines)
-            body = self._bodies.get(fd)
-            if body is not None and body.deadline == deadline:
-                self._finish(fd, False)  # took nothing for SEND_TIMEOUT
+    def _expired(self, fd: int, deadline: float) -> None:
+        body = self._bodies.get(fd)
+        if body is not None and body.deadline == deadline:
+            self._finish(fd, False)  # took nothing for SEND_TIMEOUT
 
     def _finish(self, fd: int, complete: bool) -> None:
         body = self._bodies.pop(fd)

@@ -362,3 +362,26 @@ def assert_dies_with_503(proc, url: str, log: Path, needle: str) -> None:
         time.sleep(0.1)
     assert proc.wait(timeout=30) == 1
     assert needle in log.read_text()
+
+
+class Killed(BaseException):
+    """A publisher killed mid-write: not an Exception, so no handler of the
+    publisher's own turns it into an orderly failure."""
+
+
+class Dying:
+    """A storage that dies after a number of writes, as a killed publisher would."""
+
+    def __init__(self, inner, writes_left):
+        self.inner, self.left = inner, writes_left
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name in ("write_atomic", "upload_file"):
+            def write(*a):
+                if self.left == 0:
+                    raise Killed
+                self.left -= 1
+                return attr(*a)
+            return write
+        return attr

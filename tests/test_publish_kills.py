@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, make_wheel
+from helpers import REPO, Dying, Killed, make_wheel
 from wheel_index import maintain
 from wheel_index.journal import JOURNAL
 from wheel_index.publish import publish
@@ -32,28 +32,6 @@ def wheels(tmp_path, c):
 
 def nightly(storage) -> str:
     return json.loads(storage.read("nightly/cpu/metadata.json"))["commit"]
-
-
-class Killed(BaseException):
-    pass
-
-
-class Dying:
-    """A storage that dies after a number of writes, as a killed publisher would."""
-
-    def __init__(self, inner, writes_left):
-        self.inner, self.left = inner, writes_left
-
-    def __getattr__(self, name):
-        attr = getattr(self.inner, name)
-        if name in ("write_atomic", "upload_file"):
-            def write(*a):
-                if self.left == 0:
-                    raise Killed
-                self.left -= 1
-                return attr(*a)
-            return write
-        return attr
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import pytest
 
-from helpers import make_wheel
+from helpers import Dying, Killed, make_wheel
 from tools.errors import UserError
 from wheel_index import maintain
 from wheel_index.cli import main as cli
@@ -180,28 +180,6 @@ def test_nightly_only_moves_forward(store, tmp_path):
     publish(store, A, [wheel(tmp_path, commit=A)], nightly=True, allow_rewind=True,
             commit_time="100", log=lambda m: None)
     assert json.loads(store.read("nightly/cpu/metadata.json"))["commit"] == A
-
-
-class Killed(Exception):
-    pass
-
-
-class Dying:
-    """A storage that dies after a number of writes, as a killed publisher would."""
-
-    def __init__(self, inner, writes_left):
-        self.inner, self.left = inner, writes_left
-
-    def __getattr__(self, name):
-        attr = getattr(self.inner, name)
-        if name in ("write_atomic", "upload_file"):
-            def write(*a):
-                if self.left == 0:
-                    raise Killed
-                self.left -= 1
-                return attr(*a)
-            return write
-        return attr
 
 
 def _dangling(storage) -> list[str]:

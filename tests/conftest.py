@@ -60,3 +60,13 @@ def s3_env(moto_server, monkeypatch):
     bucket = f"idx-{uuid.uuid4().hex[:12]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     return bucket
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """A wheel index's storage: a folder, then a bucket on moto's S3 server."""
+    from wheel_index.storage import open_storage
+
+    if request.param == "local":
+        return open_storage(str(tmp_path / "index"))
+    return open_storage(f"s3://{request.getfixturevalue('s3_env')}/wheels")

@@ -385,3 +385,10 @@ class Dying:
                 return attr(*a)
             return write
         return attr
+
+
+def nightly(storage) -> str:
+    """The commit a wheel index's nightly (cpu) shows."""
+    import json
+
+    return json.loads(storage.read("nightly/cpu/metadata.json"))["commit"]

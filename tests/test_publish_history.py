@@ -3,11 +3,10 @@ the repository publish runs in knows both commits, the recorded commit times
 only where it does not."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from helpers import make_wheel, run
+from helpers import make_wheel, nightly, run
 from wheel_index.publish import publish
 from wheel_index.storage import open_storage
 
@@ -34,10 +33,6 @@ def repo(tmp_path, monkeypatch):
         commits.append(git(r, "rev-parse", "HEAD"))
     monkeypatch.chdir(r)  # publish asks git here, as the CLI does in a checkout
     return r, commits
-
-
-def nightly(storage) -> str:
-    return json.loads(storage.read("nightly/cpu/metadata.json"))["commit"]
 
 
 def wheel(tmp_path, commit):

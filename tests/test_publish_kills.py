@@ -4,7 +4,6 @@ and the temporaries it left are removed. Measured before: 4 of 30 `kill -9`s
 left a mismatch and `.tmp-*` files that a republish did not remove."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, Dying, Killed, make_wheel
+from helpers import REPO, Dying, Killed, make_wheel, nightly
 from wheel_index import maintain
 from wheel_index.journal import JOURNAL
 from wheel_index.publish import publish
@@ -28,17 +27,6 @@ def wheels(tmp_path, c):
     out = [make_wheel(tmp_path / "w" / c[-6:] / p, "0.1.dev3+g1234567.cpu", commit=c, platform=p)
            for p in ("manylinux_2_34_x86_64", "manylinux_2_34_aarch64")]
     return out + [make_wheel(tmp_path / "w" / c[-6:] / "cu", "0.1.dev3+g1234567.cu130", commit=c)]
-
-
-def nightly(storage) -> str:
-    return json.loads(storage.read("nightly/cpu/metadata.json"))["commit"]
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return open_storage(str(tmp_path / "index"))
-    return open_storage(f"s3://{request.getfixturevalue('s3_env')}/wheels")
 
 
 def test_the_next_publish_of_another_commit_finishes_a_killed_one(store, tmp_path):

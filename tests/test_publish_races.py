@@ -4,7 +4,6 @@ S3 (moto's server), 20 racing `python -m wheel_index publish --nightly` pairs,
 and the S3 lease's renewal, takeover and loss."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import REPO, make_wheel
+from helpers import REPO, make_wheel, nightly
 from tools.errors import UserError
 from wheel_index import maintain
 from wheel_index.publish import publish
@@ -29,17 +28,6 @@ def commit(n: int) -> str:
 def wheels(tmp_path, c):
     return [make_wheel(tmp_path / "w" / c[-6:] / p, "0.1.dev3+g1234567.cpu", commit=c, platform=p)
             for p in ("manylinux_2_34_x86_64", "manylinux_2_34_aarch64")]
-
-
-def nightly(storage) -> str:
-    return json.loads(storage.read("nightly/cpu/metadata.json"))["commit"]
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return open_storage(str(tmp_path / "index"))
-    return open_storage(f"s3://{request.getfixturevalue('s3_env')}/wheels")
 
 
 def test_racing_nightly_publishes_in_threads(store, tmp_path):

@@ -21,17 +21,9 @@ from wheel_index.cli import main as cli
 from wheel_index.layout import IMMUTABLE, NIGHTLY_PAGE
 from wheel_index.publish import publish
 from wheel_index.server import make_server
-from wheel_index.storage import LocalStorage, S3Storage, open_storage
+from wheel_index.storage import LocalStorage, S3Storage
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return open_storage(str(tmp_path / "index"))
-    bucket = request.getfixturevalue("s3_env")
-    return open_storage(f"s3://{bucket}/wheels")
 
 
 def snapshot(storage) -> dict[str, bytes]:

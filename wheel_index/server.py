@@ -18,7 +18,6 @@ import http.server
 import io
 import os
 import re
-import socket
 import socketserver
 import stat
 from pathlib import Path

@@ -23,12 +23,18 @@ from engine.platforms import cpu_hugepages
 logger = logging.getLogger("engine")
 
 
-def _commit(caches: list[torch.Tensor]) -> None:
+def _commit(caches: list[torch.Tensor], background: bool) -> None:
+    """Fault the cache's pages in: beside serving (MADV_POPULATE_WRITE leaves what
+    steps wrote alone), or with zeros before anything runs."""
     t0 = time.perf_counter()
-    cpu_hugepages.populate(caches)
-    nbytes = sum(c.numel() * c.element_size() for c in caches)
-    logger.info("KV cache: %.2f GiB committed in the background in %.2f s", nbytes / 2**30,
-                time.perf_counter() - t0)
+    if background:
+        cpu_hugepages.populate(caches)
+    else:
+        for c in caches:
+            c.zero_()
+    logger.info("KV cache: %.2f GiB committed%s in %.2f s",
+                sum(c.numel() * c.element_size() for c in caches) / 2**30,
+                " in the background" if background else "", time.perf_counter() - t0)
 
 
 class ModelRunner:
@@ -62,15 +68,10 @@ class ModelRunner:
             caches += [attn.k_cache, attn.v_cache]
         if device.type == "cpu" and caches:
             if cpu_hugepages.can_populate(caches[0]):
-                threading.Thread(target=_commit, args=(caches,), name="kv-commit",
+                threading.Thread(target=_commit, args=(caches, True), name="kv-commit",
                                  daemon=True).start()
             else:
-                t0 = time.perf_counter()
-                for cache_tensor in caches:
-                    cache_tensor.zero_()
-                logger.info("KV cache: %.2f GiB committed in %.2f s", sum(
-                    t.numel() * t.element_size() for t in caches) / 2**30,
-                    time.perf_counter() - t0)
+                _commit(caches, False)
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:

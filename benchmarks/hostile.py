@@ -23,7 +23,6 @@ sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath
 import argparse
 import json
 import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -220,32 +219,27 @@ def main(argv=None) -> int:
     p.add_argument("--hang-s", type=float, default=30.0, help="an answer slower than this hangs")
     p.add_argument("--check", action="store_true", help="exit 1 on any 5xx, hang or death")
     a = p.parse_args(argv)
-    proc = None
+    server = None
     with tempfile.TemporaryDirectory() as tmp:
         url = a.url
         if url is None:
+            from benchmarks.serve import Served, free_port
             from engine.tiny_model import make_tiny_model
 
             model = make_tiny_model(Path(tmp) / "tiny")
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            url = f"http://127.0.0.1:{port}"
-            log = open(Path(tmp) / "serve.log", "w+")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.cli", "serve", str(model), "--port", str(port),
-                 "--max-model-len", "512", "--uvicorn-log-level", "warning"],
-                env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.1"}, stdout=log,
-                stderr=subprocess.STDOUT)
-            _wait_healthy(url, proc, log)
-        alive = (lambda: proc.poll() is None) if proc else (lambda: True)
+            port = free_port()
+            server = Served([sys.executable, "-m", "engine.cli", "serve", str(model), "--port",
+                             str(port), "--max-model-len", "512", "--uvicorn-log-level",
+                             "warning"], {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.1"}, port,
+                            Path(tmp) / "serve.log")
+            url = server.url
+        alive = (lambda: server.proc.poll() is None) if server else (lambda: True)
         try:
             tally = run(url, a.hang_s, alive)
             died = 0 if alive() else 1
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(60)
+            if server is not None:
+                server.close()
     cases = sum(tally.statuses.values())
     print(f"{cases} hostile requests: statuses {dict(sorted(tally.statuses.items(), key=str))}")
     print(f"5xx: {len(tally.five)}, hangs (> {a.hang_s:.0f} s): {len(tally.hangs)}, "
@@ -253,22 +247,6 @@ def main(argv=None) -> int:
     for line in (tally.five + tally.hangs)[:20]:
         print(f"  {line}")
     return 1 if a.check and (tally.five or tally.hangs or died) else 0
-
-
-def _wait_healthy(url: str, proc, log) -> None:
-    import httpx
-
-    for _ in range(600):
-        if proc.poll() is not None:
-            log.seek(0)
-            sys.exit(f"engine serve exited {proc.returncode}:\n{log.read()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    sys.exit("engine serve did not become healthy in 120 s")
 
 
 if __name__ == "__main__":

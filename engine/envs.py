@@ -237,3 +237,15 @@ def ray_address(env: Mapping[str, str] | None = None) -> str | None:
     """RAY_ADDRESS: the Ray cluster (host:port) distributed_executor_backend="ray"
     places ranks on; unset: the cluster Ray finds on this machine, or a new one."""
     return _env(env).get("RAY_ADDRESS", "").strip() or None
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_CACHE_ROOT: where the engine keeps what it derives from a model
+    (upstream's variable): the config and tokenizer folder of each GGUF file it
+    serves, under gguf/. Default ~/.cache/vllm ($XDG_CACHE_HOME/vllm)."""
+    env = _env(env)
+    root = env.get("VLLM_CACHE_ROOT", "").strip()
+    if root:
+        return os.path.expanduser(root)
+    xdg = env.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
+    return os.path.join(xdg, "vllm")

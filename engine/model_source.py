@@ -1,6 +1,7 @@
-"""MODEL as users give it to vLLM: a checkpoint folder, or a Hugging Face id
-(`org/name`) resolved through huggingface_hub's cache, downloading when allowed
-(HF_HUB_OFFLINE=1 uses the cache alone)."""
+"""MODEL as users give it to vLLM: a checkpoint folder, a GGUF file (read into
+a folder of its config and tokenizer: engine.transformers_utils.gguf_folder),
+or a Hugging Face id (`org/name`) resolved through huggingface_hub's cache,
+downloading when allowed (HF_HUB_OFFLINE=1 uses the cache alone)."""
 from __future__ import annotations
 
 import fnmatch
@@ -14,15 +15,26 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-def resolve_model(model: str | os.PathLike) -> Path:
+def resolve_model(model: str | os.PathLike, tokenizer: str | None = None,
+                  hf_config_path: str | None = None) -> Path:
+    """The checkpoint folder of MODEL; tokenizer / hf_config_path (folders, as
+    upstream's --tokenizer and --hf-config-path) stand in for a GGUF file's own."""
+    from engine.transformers_utils.gguf_folder import gguf_folder, is_gguf
+
+    if is_gguf(model):
+        return check_readable(gguf_folder(Path(model), tokenizer, hf_config_path))
+    for flag, value in (("--tokenizer", tokenizer), ("--hf-config-path", hf_config_path)):
+        if value:
+            raise ValueError(f"{flag} is read for GGUF files only; a checkpoint folder or Hub "
+                             "id brings its own: drop the flag")
     path = Path(model).expanduser()
     if path.is_dir():
         return check_readable(path)
     text = str(model)
     if isinstance(model, os.PathLike) or text.startswith(("/", ".", "~")) or \
             not _REPO_ID.match(text) or text.count("/") != 1:
-        raise ValueError(f"model {text!r} is not a folder (give a checkpoint folder or a "
-                         "Hugging Face id such as org/name)")
+        raise ValueError(f"model {text!r} is not a folder (give a checkpoint folder, a .gguf "
+                         "file or a Hugging Face id such as org/name)")
     return _from_hub(text)
 
 

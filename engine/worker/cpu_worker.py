@@ -10,12 +10,14 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.engine_args import EngineConfig
 from engine.model_executor.layers import quantization
 from engine.model_executor.layers.linear import log_cpu_linear_choice
+from engine.model_executor.gguf_loader import load_gguf
 from engine.model_executor.model_loader import load_weights
 from engine.model_executor.models.registry import model_class
 from engine.platforms import ZenCpuPlatform
 from engine.platforms import current as current_platform
 from engine.platforms import cpu_hugepages, cpu_malloc
 from engine.platforms.cpu_features import PLAIN
+from engine.transformers_utils.gguf_folder import gguf_file
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("engine")
@@ -27,7 +29,11 @@ def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
     platform = current_platform()
     device = platform.device()
     model = model_class(config.model.architecture)(config.model, config.dtype).to(device)
-    load_weights(model, config.path, already_read=quantization.apply(model, config.path))
+    gguf = gguf_file(config.path)
+    if gguf is not None:  # the folder stands for a GGUF file, which holds the weights
+        load_gguf(model, gguf)
+    else:
+        load_weights(model, config.path, already_read=quantization.apply(model, config.path))
     model.eval()
     linear_mode = PLAIN
     if platform.device_type == "cpu":

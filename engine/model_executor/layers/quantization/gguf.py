@@ -1,0 +1,68 @@
+"""GGUF's quantized linear layers on the wna16 kernels, weights never
+dequantized: each block type repacked exactly (gguf_blocks) into unsigned q,
+per-group scales and integer zero points. The types with a float min per group
+(Q4_1, Q5_1, Q4_K, Q5_K) run as the kernel's zero-point-free product plus
+the min's share, x's sums over each group times the mins:
+x . ((q * s) + m) = x . (q * s) + sum_g m_g * sum_{k in g} x_k, a small
+[rows, groups] x [groups, N] product (1/group of the weights' FLOPs and one
+float a group to read). A fused layer (q/k/v, gate/up) whose parts differ in
+type (Q4_K_M files give v_proj Q6_K beside Q4_K) takes the widest bits and
+the finest group of its parts: a 4-bit q fits 8 bits, a scale covers two
+half-groups as it covers one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.model_executor.layers.quantization.gguf_blocks import Unpacked
+from engine.model_executor.layers.quantization.wna16 import WNA16
+
+if TYPE_CHECKING:
+    from engine.model_executor.layers.linear import Linear
+
+
+@dataclass(frozen=True)
+class GGUFLinear(WNA16):
+    """WNA16 with mins: the layer holds gguf_mins [groups, N] float32 (or None)."""
+
+    def load(self, layer: Linear, parts: list[Unpacked]) -> None:
+        """Give `layer` this method and its weight: parts, the fused layer's in
+        order of their rows."""
+        self.create_weights(layer)
+        group = self.group_size
+        assert group is not None, "GGUF blocks have groups"
+        qs, scales, zeros, mins = [], [], [], []
+        for u in parts:
+            repeat = u.form.group // group
+            qs.append(u.q)
+            scales.append(u.scales.repeat_interleave(repeat, dim=1))
+            zeros.append(torch.full_like(scales[-1], u.form.zero, dtype=torch.uint8))
+            mins.append(torch.zeros_like(scales[-1]) if u.mins is None
+                        else u.mins.repeat_interleave(repeat, dim=1))
+        self.set_weights(layer, torch.cat(qs), torch.cat(scales), torch.cat(zeros), None, group)
+        layer.gguf_mins = None
+        if any(u.mins is not None for u in parts):
+            layer.gguf_mins = torch.cat(mins).T.contiguous()
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        out = super().apply(layer, x)
+        mins = layer.gguf_mins
+        if mins is None:
+            return out
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        sums = x2.view(x2.shape[0], mins.shape[0], -1).sum(-1)  # [rows, groups]
+        shifted = out.view(-1, out.shape[-1])
+        if shifted.dtype == torch.float32:
+            shifted.addmm_(sums, mins)
+        else:
+            shifted.copy_(torch.addmm(shifted.float(), sums, mins))
+        return out
+
+
+def method_for(parts: list[Unpacked]) -> GGUFLinear:
+    """The widest bits and finest group among a layer's parts."""
+    bits = max(u.form.bits for u in parts)
+    group = min(u.form.group for u in parts)
+    return GGUFLinear(bits, group, symmetric=False)

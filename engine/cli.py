@@ -22,13 +22,24 @@ def tiny_model_archs() -> list[str]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a Hugging Face checkpoint folder")
+    p.add_argument("--model", required=True, help="a Hugging Face checkpoint folder or a "
+                   ".gguf file")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    gguf_args(p)
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     scheduler_args(p)
     parallel_args(p)
+
+
+def gguf_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a GGUF model's tokenizer: a folder with tokenizer.json (default: the "
+                   "one in the file)")
+    p.add_argument("--hf-config-path", default=None, metavar="DIR",
+                   help="a GGUF model's config: a folder with config.json (default: the "
+                   "file's metadata)")
 
 
 def scheduler_args(p: argparse.ArgumentParser) -> None:
@@ -94,7 +105,9 @@ def bench(args) -> int:
 
 def _serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    s.add_argument("model", help="a checkpoint folder or a Hugging Face id (org/name)")
+    s.add_argument("model", help="a checkpoint folder, a .gguf file or a Hugging Face id "
+                   "(org/name)")
+    gguf_args(s)
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000)

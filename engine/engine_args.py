@@ -174,8 +174,9 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          enable_prefix_caching: bool | None = None,
                          data_parallel_size: int = 1, data_parallel_rank: int = 0,
                          pipeline_parallel_size: int = 1,
+                         tokenizer: str | None = None, hf_config_path: str | None = None,
                          ) -> EngineConfig:
-    path = resolve_model(model)
+    path = resolve_model(model, tokenizer, hf_config_path)
     mc = ModelConfig.from_dir(path)
     torch_dtype = resolve_dtype(dtype, mc)
     if block_size <= 0 or block_size % 32:
@@ -260,7 +261,7 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching")
+                    "enable_prefix_caching", "tokenizer", "hf_config_path")
 
 
 def cli_engine_args(args) -> dict:

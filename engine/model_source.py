@@ -19,10 +19,12 @@ def resolve_model(model: str | os.PathLike, tokenizer: str | None = None,
                   hf_config_path: str | None = None) -> Path:
     """The checkpoint folder of MODEL; tokenizer / hf_config_path (folders, as
     upstream's --tokenizer and --hf-config-path) stand in for a GGUF file's own."""
-    from engine.transformers_utils.gguf_folder import gguf_folder, is_gguf
+    from engine.transformers_utils.gguf_folder import gguf_file, gguf_folder, is_gguf
 
     if is_gguf(model):
         return check_readable(gguf_folder(Path(model), tokenizer, hf_config_path))
+    if Path(model).is_dir() and gguf_file(Path(model)) is not None:
+        return check_readable(Path(model))  # a GGUF file's folder, the flags already in it
     for flag, value in (("--tokenizer", tokenizer), ("--hf-config-path", hf_config_path)):
         if value:
             raise ValueError(f"{flag} is read for GGUF files only; a checkpoint folder or Hub "

@@ -36,7 +36,8 @@ class _Front:
         from engine.entrypoints.openai.request_limits import max_token_bytes
         from engine.model_source import resolve_model
 
-        self.path = resolve_model(args.model)
+        self.path = resolve_model(args.model, getattr(args, "tokenizer", None),
+                                  getattr(args, "hf_config_path", None))
         self.model_config = ModelConfig.from_dir(self.path)
         self.tokenizer = load_tokenizer(self.path)
         self.template = chat_utils.load_template(self.path, args.chat_template)

@@ -98,7 +98,7 @@ def load_gguf(model: CausalLM, file: Path) -> None:
     loaded: dict[str, set] = {}
     with torch.no_grad():
         for t, key, name, part in tensors:
-            dest = params[name]
+            dest: torch.Tensor = params[name]
             shape = tuple(reversed([int(d) for d in t.shape]))
             data, type_name = t.data, t.tensor_type.name
             heads = {"attn_q": model.config.num_heads, "attn_k": model.config.num_kv_heads}.get(
@@ -116,7 +116,7 @@ def load_gguf(model: CausalLM, file: Path) -> None:
             if arch.startswith("gemma") and key.endswith("norm.weight"):
                 value -= 1.0
             if part is not None:
-                start = sum(dest.shard_sizes[:part])
+                start = sum(getattr(dest, "shard_sizes")[:part])  # a fused parameter's
                 dest = dest[start:start + shape[0]]
             dest.copy_(value)
     for key, (name, part) in mapping.items():
@@ -150,7 +150,7 @@ def _match(model: CausalLM, reader, file: Path, arch: str, mapping: dict, params
                              f"{type(model).__name__} ({model.config.architecture})")
         name, part = mapping[key]
         dest = params[name]
-        rows = dest.shard_sizes[part] if part is not None else dest.shape[0]
+        rows = getattr(dest, "shard_sizes")[part] if part is not None else dest.shape[0]
         want = (rows, *dest.shape[1:])
         shape = tuple(reversed([int(d) for d in t.shape]))
         if shape != want:

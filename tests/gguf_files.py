@@ -46,6 +46,10 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+# llama.cpp's type for a tensor whose rows are not whole 256-value super-blocks
+FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
 def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
     from gguf import GGMLQuantizationType, quants
 
@@ -89,6 +93,8 @@ def write_gguf(src: Path, out: Path, qtype: str = "F32", *, types: dict | None =
             heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
             a = permute(a, heads)
         t = (types or {}).get(name, qtype) if a.ndim == 2 else "F32"
+        if a.shape[-1] % 256 and t in FALLBACK:
+            t = FALLBACK[t]
         if t == "F32":
             data, held = a, a
         elif t == "F16":
@@ -132,7 +138,8 @@ def _metadata(w, cfg: dict, arch: str, src: Path, drop: tuple[str, ...]) -> None
             f"{arch}.attention.key_length": ("uint32", cfg["head_dim"]),
             f"{arch}.attention.value_length": ("uint32", cfg["head_dim"]),
             f"{arch}.attention.layer_norm_rms_epsilon": ("float32", cfg["rms_norm_eps"]),
-            f"{arch}.rope.freq_base": ("float32", cfg["rope_theta"]),
+            f"{arch}.rope.freq_base": ("float32", cfg.get("rope_theta") or cfg.get(
+                "rope_parameters", {}).get("rope_theta", 10000.0)),
             f"{arch}.rope.dimension_count": (
                 "uint32", int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0)))}
     if cfg.get("sliding_window") and arch != "llama":
@@ -155,10 +162,21 @@ def _metadata(w, cfg: dict, arch: str, src: Path, drop: tuple[str, ...]) -> None
 
 
 def _tokenizer(w, src: Path, cfg: dict) -> None:
+    """A byte-level BPE as `gpt2`; a word-level vocabulary (tests/helpers'
+    make_checkpoint) as a scoreless `llama` one, enough for llama.cpp to load
+    and detokenize (the engine then takes --tokenizer)."""
     tok = json.loads((src / "tokenizer.json").read_text())
     vocab = tok["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    special = {a["content"] for a in tok["added_tokens"] if a.get("special")}
+    special = {a["content"] for a in tok.get("added_tokens") or () if a.get("special")}
+    if "merges" not in tok["model"]:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores([0.0] * len(tokens))
+        w.add_token_types([3 if i < 3 else 1 for i in range(len(tokens))])
+        w.add_bos_token_id(cfg["bos_token_id"])
+        w.add_eos_token_id(cfg["eos_token_id"])
+        return
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")

@@ -51,13 +51,14 @@ class GGUFLinear(WNA16):
         mins = layer.gguf_mins
         if mins is None:
             return out
-        x2 = x.reshape(-1, x.shape[-1]).float()
-        sums = x2.view(x2.shape[0], mins.shape[0], -1).sum(-1)  # [rows, groups]
-        shifted = out.view(-1, out.shape[-1])
-        if shifted.dtype == torch.float32:
-            shifted.addmm_(sums, mins)
-        else:
-            shifted.copy_(torch.addmm(shifted.float(), sums, mins))
+        # each group's sum in float32 (no float copy of x first), then one product
+        sums = x.reshape(-1, mins.shape[0], x.shape[-1] // mins.shape[0]).sum(
+            -1, dtype=torch.float32)
+        flat = out.view(-1, out.shape[-1])
+        if flat.dtype == torch.float32:
+            flat.addmm_(sums, mins)
+        else:  # added in float32, rounded to the output dtype once more
+            flat.copy_(torch.addmm(flat.float(), sums, mins))
         return out
 
 

@@ -78,3 +78,17 @@ def test_layer_multiplies_as_the_dequantized_weight(parts, dtype, m):
     else:  # x rounded already; the product (or the panel's weight) rounded once more
         bound = (x.float().abs() @ w.abs().T) * 2.0 ** -8 + exact.abs() * 2.0 ** -7 + 1e-3
         assert ((out.float() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mins_without_the_panel_kernel(dtype, isa, monkeypatch):
+    """Where the code path has no panel GEMM (aarch64, the portable build) the
+    mins' share is torch's product."""
+    if isa not in ("none", ops.compiled_cpu_isas()[-1]):
+        pytest.skip("torch's product: on one code path is enough")
+    monkeypatch.setattr(ops, "has_panel_linear", lambda: False)
+    layer, w = _layer([("Q4_K", 40)], 256, dtype)
+    assert layer.gguf_mins is not None and layer.gguf_mins.dim() == 2
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(dtype)
+    tol = dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(layer(x).float(), x.float() @ w.T, **tol)

@@ -101,8 +101,9 @@ class Linear(nn.Module):
     wna16: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     wna16_group: int
     wna16_perm: torch.Tensor | None
-    # GGUF's (quantization/gguf.py): the mins [groups, N] of types that have them
+    # GGUF's (quantization/gguf.py): the mins of types that have them, their groups
     gguf_mins: torch.Tensor | None
+    gguf_groups: int
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  shard_sizes: tuple[int, ...] | None = None):

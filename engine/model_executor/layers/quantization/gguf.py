@@ -13,17 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine import ops
-from engine.model_executor.layers.linear import pack_panels
+from engine.model_executor.layers.linear import Linear, pack_panels
 from engine.model_executor.layers.quantization.gguf_blocks import Unpacked
 from engine.model_executor.layers.quantization.wna16 import WNA16
-
-if TYPE_CHECKING:
-    from engine.model_executor.layers.linear import Linear
 
 
 @dataclass(frozen=True)

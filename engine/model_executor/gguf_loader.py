@@ -89,10 +89,12 @@ def load_gguf(model: CausalLM, file: Path) -> None:
     tensors = _match(model, reader, file, arch, mapping, params)
     # a linear layer runs quantized when every part of it is of a type a kernel holds
     kinds: dict[str, set[bool]] = {}
+    count: dict[str, int] = {}  # each linear layer's parts in the file
     for t, key, name, part in tensors:
         layer = name.removesuffix(".weight")
         if name.endswith(".weight") and isinstance(modules.get(layer), Linear):
             kinds.setdefault(layer, set()).add(t.tensor_type.name in FORMS)
+            count[layer] = count.get(layer, 0) + 1
     quantized: dict[str, dict[int, Unpacked]] = {}  # linear layer -> its parts' blocks
     dequantized: set[str] = set()
     loaded: dict[str, set] = {}
@@ -108,7 +110,12 @@ def load_gguf(model: CausalLM, file: Path) -> None:
             layer = name.removesuffix(".weight")
             loaded.setdefault(name, set()).add(part)
             if kinds.get(layer) == {True}:
-                quantized.setdefault(layer, {})[part or 0] = unpack(type_name, data, *shape)
+                parts = quantized.setdefault(layer, {})
+                parts[part or 0] = unpack(type_name, data, *shape)
+                if len(parts) == count[layer]:  # packed now: no layer's bytes wait for others
+                    method_for(list(parts.values())).load(
+                        modules[layer], [parts[i] for i in sorted(parts)])
+                    del quantized[layer]
                 continue
             if type_name not in _FLOATS and type_name != "BF16":
                 dequantized.add(type_name)
@@ -125,8 +132,6 @@ def load_gguf(model: CausalLM, file: Path) -> None:
         whole = None in got or (sizes is not None and got >= set(range(len(sizes))))
         if part not in got and not whole:
             raise ValueError(f"{file}: the GGUF file lacks the tensor for {key}")
-    for layer, parts in quantized.items():
-        method_for(list(parts.values())).load(modules[layer], [parts[i] for i in sorted(parts)])
     dtype = next(iter(params.values())).dtype
     for type_name in sorted(dequantized):
         logger.info("GGUF %s: %s tensors dequantized to %s at load (no kernel runs %s blocks "

@@ -41,10 +41,10 @@ class GGUFLinear(WNA16):
             zeros.append(torch.full_like(scales[-1], u.form.zero, dtype=torch.uint8))
             mins.append(torch.zeros_like(scales[-1]) if u.mins is None
                         else u.mins.repeat_interleave(repeat, dim=1))
-        self.set_weights(layer, torch.cat(qs), torch.cat(scales), torch.cat(zeros), None, group)
+        self.set_weights(layer, _cat(qs), _cat(scales), _cat(zeros), None, group)
         layer.gguf_mins = None
         if any(u.mins is not None for u in parts):
-            m = torch.cat(mins)  # [N, groups]
+            m = _cat(mins)  # [N, groups]
             layer.gguf_groups = m.shape[1]
             # the engine's panel GEMM where it has one: MKL's float32 GEMM of K = groups
             # ran 20x slower on Zen 4 (16 ms vs 0.7 ms at 500 x 64 x 4096)
@@ -69,6 +69,10 @@ class GGUFLinear(WNA16):
             share = torch.mm(sums, mins)
         flat.add_(share)  # in float32, rounded to the output's dtype once
         return out
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)  # one part: no copy
 
 
 @lru_cache(maxsize=None)

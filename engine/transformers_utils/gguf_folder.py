@@ -49,7 +49,7 @@ def gguf_folder(file: Path, tokenizer: str | None = None,
         raise ValueError(f"model {file}: cannot read the GGUF file as uid {os.getuid()}; "
                          "make it readable (chmod a+r)")
     st = file.stat()
-    flags = [str(Path(p).expanduser().resolve()) if p else "" for p in (tokenizer, hf_config_path)]
+    flags = [_stamp(p) for p in (tokenizer, hf_config_path)]
     key = hashlib.sha256(json.dumps([str(file), st.st_size, st.st_mtime_ns, *flags]).encode())
     folder = Path(envs.cache_root()) / "gguf" / f"{file.stem}-{key.hexdigest()[:16]}"
     if (folder / POINTER).is_file():
@@ -68,6 +68,15 @@ def gguf_folder(file: Path, tokenizer: str | None = None,
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info("GGUF %s: config and tokenizer in %s", file.name, folder)
     return folder
+
+
+def _stamp(folder: str | None) -> list:
+    """A flag's folder as it is now: its path and its files' sizes and mtimes."""
+    if not folder:
+        return []
+    path = Path(folder).expanduser().resolve()
+    files = sorted(p for p in path.glob("*") if p.is_file()) if path.is_dir() else []
+    return [str(path)] + [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
 def _fill(out: Path, file: Path, tokenizer: str | None, hf_config_path: str | None) -> None:

@@ -66,11 +66,12 @@ def dequantize(data: np.ndarray, qtype: str) -> np.ndarray:
 
 def write_gguf(src: Path, out: Path, qtype: str = "F32", *, types: dict | None = None,
                dequantized_dir: Path | None = None, drop: tuple[str, ...] = (),
-               meta_drop: tuple[str, ...] = ()) -> Path:
+               meta_drop: tuple[str, ...] = (), extra: dict | None = None) -> Path:
     """src (a make_tiny_model folder) as a GGUF file at out: 2-D weights in
     qtype (or types[gguf name]), 1-D ones F32. dequantized_dir: the same
     checkpoint with each weight as the GGUF holds it (dequantized), for the
-    engine to load beside the file."""
+    engine to load beside the file. extra: more F32 tensors by GGUF name
+    (rope_freqs.weight)."""
     import gguf
     import torch
     from safetensors.torch import load_file, save_file
@@ -105,6 +106,8 @@ def write_gguf(src: Path, out: Path, qtype: str = "F32", *, types: dict | None =
             held = dequantize(data, t)
         w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[t])
         back[hf] = torch.from_numpy(np.ascontiguousarray(_unheld(held, hf, name, arch, cfg)))
+    for name, a in (extra or {}).items():
+        w.add_tensor(name, np.asarray(a, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

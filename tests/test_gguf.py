@@ -129,6 +129,57 @@ def test_families_equal_their_checkpoint(arch, work):
     assert greedy(file, **flags) == greedy(work / f"{arch}-dequantized")
 
 
+def _llama3_factors(head_dim: int, theta: float, p: dict):
+    """convert_hf_to_gguf.py's rope_freqs for Llama 3.x's rope scaling."""
+    import math
+
+    import numpy as np
+
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    old, factor = p["original_max_position_embeddings"], p["factor"]
+    low, high = p["low_freq_factor"], p["high_freq_factor"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def test_llama3_rope_factors_become_its_scaling(tiny, work):
+    """Llama 3.1+ files carry rope scaling as rope_freqs.weight: read back as the
+    checkpoint's rope_scaling, answering as it does; factors of no known
+    scaling are refused in one line."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    p = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    scaled = work / "tiny-llama3"
+    shutil.copytree(tiny, scaled)
+    cfg = json.loads((tiny / "config.json").read_text())
+    (scaled / "config.json").write_text(json.dumps({**cfg, "rope_scaling": p}))
+    factors = _llama3_factors(cfg["head_dim"], cfg["rope_theta"], p)
+    file = write_gguf(scaled, work / "llama3.gguf", "F32",
+                      extra={"rope_freqs.weight": factors})
+    from engine.model_source import resolve_model
+
+    got = json.loads((resolve_model(file) / "config.json").read_text())["rope_scaling"]
+    assert got == p
+    assert greedy(file) == greedy(scaled)
+    odd = write_gguf(scaled, work / "odd-rope.gguf", "F32",
+                     extra={"rope_freqs.weight": np.linspace(1, 3, len(factors))})
+    with pytest.raises(ValueError, match=r"rope_freqs.weight holds rope factors of no known "):
+        resolve_model(odd)
+
+
 def test_tokenizer_and_chat_template_come_from_the_file(tiny, work):
     from tokenizers import Tokenizer
 

@@ -266,7 +266,8 @@ def test_malformed_file_is_refused_in_one_line(kind, tiny, work):
 @pytest.mark.parametrize("what,needle", [
     ("meta", "the GGUF metadata has no llama.embedding_length"),
     ("tensor", "the GGUF file lacks the tensor for model.layers.1.mlp.down_proj.weight"),
-    ("arch", "GGUF architecture 'falcon' is not supported")])
+    ("arch", "GGUF architecture 'falcon' is not supported"),
+    ("stray", "tensor blk.0.attn_sinks.weight is not a weight of LlamaForCausalLM")])
 def test_incomplete_file_is_refused_in_one_line(what, needle, tiny, work):
     file = work / f"incomplete-{what}.gguf"
     if what == "arch":
@@ -276,7 +277,8 @@ def test_incomplete_file_is_refused_in_one_line(what, needle, tiny, work):
             step()
     else:
         write_gguf(tiny, file, "F32", meta_drop=("llama.embedding_length",) if what == "meta"
-                   else (), drop=("blk.1.ffn_down.weight",) if what == "tensor" else ())
+                   else (), drop=("blk.1.ffn_down.weight",) if what == "tensor" else (),
+                   extra={"blk.0.attn_sinks.weight": [0.0] * 4} if what == "stray" else None)
     with pytest.raises(ValueError) as exc:
         greedy(file)
     assert str(exc.value) == f"{file}: {needle}" or (

@@ -64,6 +64,8 @@ def hf_config(reader, path: Path) -> dict:
             value = float(str(np.float32(value)))
         if value is not None:
             cfg[name] = value
+    if not cfg.get("sliding_window"):  # Phi-4's files write 0 for none
+        cfg.pop("sliding_window", None)
     tensors = {t.name: t for t in reader.tensors}
     embed = tensors.get("token_embd.weight")
     if embed is None:

@@ -147,18 +147,28 @@ def _llama3_params(tensor, path: Path, cfg: dict) -> dict:
                      "scaling; give --hf-config-path with the model's config.json")
 
 
+# layers of Gemma's 27B models, whose attention scale llama.cpp takes from the
+# width per head rather than head_dim (as gemma_pytorch does)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
 def _gemma(reader, path: Path, arch: str, cfg: dict) -> dict:
-    """What llama.cpp fixes for Gemma rather than stores: the attention scale
-    (1/sqrt(head_dim)), GeLU-tanh, Gemma 3's local rope base and the pattern
-    of its sliding layers (five in six, unless the file lists them)."""
-    out: dict = {"query_pre_attn_scalar": cfg["head_dim"],
-                 "hidden_activation": "gelu_pytorch_tanh"}
+    """What llama.cpp fixes for Gemma rather than stores (src/models/gemma*.cpp):
+    the attention scale, GeLU-tanh, the local rope base and the pattern of
+    sliding layers (every other for Gemma 2, five in six for Gemma 3, unless
+    the file gives a period or one flag a layer)."""
+    layers = cfg["num_hidden_layers"]
+    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] \
+        if layers == _GEMMA_27B_LAYERS[arch] else cfg["head_dim"]
+    out: dict = {"query_pre_attn_scalar": scalar, "hidden_activation": "gelu_pytorch_tanh"}
+    pattern = meta(reader, path, f"{arch}.attention.sliding_window_pattern", None)
+    if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        pattern = [i % pattern < pattern - 1 for i in range(layers)]
+    if isinstance(pattern, list) and len(pattern) == layers:
+        out["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
     if arch == "gemma3":
-        out["rope_local_base_freq"] = 10000.0
-        pattern = meta(reader, path, f"{arch}.attention.sliding_window_pattern", None)
-        if isinstance(pattern, list) and len(pattern) == cfg["num_hidden_layers"]:
-            out["layer_types"] = ["sliding_attention" if p else "full_attention"
-                                  for p in pattern]
+        local = meta(reader, path, f"{arch}.rope.freq_base_swa", 10000.0)
+        out["rope_local_base_freq"] = float(str(np.float32(local)))
     return out
 
 

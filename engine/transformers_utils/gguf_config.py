@@ -125,6 +125,10 @@ def _rope_scaling(reader, path: Path, arch: str, tensors: dict, cfg: dict) -> di
     out: dict = {"rope_type": kind, "factor": float(factor)}
     if orig is not None:
         out["original_max_position_embeddings"] = int(orig)
+    for beta in ("beta_fast", "beta_slow"):  # yarn's, where the file sets them
+        value = meta(reader, path, f"{arch}.rope.scaling.yarn_{beta}", None)
+        if value is not None:
+            out[beta] = float(value)
     return {"rope_scaling": out}
 
 

@@ -66,12 +66,13 @@ def dequantize(data: np.ndarray, qtype: str) -> np.ndarray:
 
 def write_gguf(src: Path, out: Path, qtype: str = "F32", *, types: dict | None = None,
                dequantized_dir: Path | None = None, drop: tuple[str, ...] = (),
-               meta_drop: tuple[str, ...] = (), extra: dict | None = None) -> Path:
+               meta_drop: tuple[str, ...] = (), extra: dict | None = None,
+               meta: dict | None = None) -> Path:
     """src (a make_tiny_model folder) as a GGUF file at out: 2-D weights in
     qtype (or types[gguf name]), 1-D ones F32. dequantized_dir: the same
     checkpoint with each weight as the GGUF holds it (dequantized), for the
     engine to load beside the file. extra: more F32 tensors by GGUF name
-    (rope_freqs.weight)."""
+    (rope_freqs.weight); meta: more metadata, key -> (add_KIND, value)."""
     import gguf
     import torch
     from safetensors.torch import load_file, save_file
@@ -82,6 +83,8 @@ def write_gguf(src: Path, out: Path, qtype: str = "F32", *, types: dict | None =
     tensors = load_file(str(src / "model.safetensors"))
     w = gguf.GGUFWriter(str(out), arch)
     _metadata(w, cfg, arch, src, meta_drop)
+    for key, (kind, value) in (meta or {}).items():
+        getattr(w, f"add_{kind}")(key, value)
     back = {}
     for hf, value in tensors.items():
         name = gguf_name(hf, arch)

@@ -180,6 +180,23 @@ def test_llama3_rope_factors_become_its_scaling(tiny, work):
         resolve_model(odd)
 
 
+def test_yarn_scaling_from_the_metadata(work):
+    import json
+
+    from engine import tiny_model
+    from engine.model_source import resolve_model
+
+    src = tiny_model.make_tiny_model(work / "tiny-qwen2-yarn", arch="qwen2")
+    file = write_gguf(src, work / "yarn.gguf", "F32", meta={
+        "qwen2.rope.scaling.type": ("string", "yarn"),
+        "qwen2.rope.scaling.factor": ("float32", 4.0),
+        "qwen2.rope.scaling.original_context_length": ("uint32", 512),
+        "qwen2.rope.scaling.yarn_beta_fast": ("float32", 16.0)})
+    cfg = json.loads((resolve_model(file) / "config.json").read_text())
+    assert cfg["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0,
+                                   "original_max_position_embeddings": 512}
+
+
 def test_tokenizer_and_chat_template_come_from_the_file(tiny, work):
     from tokenizers import Tokenizer
 

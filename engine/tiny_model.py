@@ -99,9 +99,11 @@ def _checkpoint_shapes(config: dict) -> dict:
     params = dict(model.named_parameters())
     shapes, seen = {}, set()
     # one key per parameter part: the current name where the map also takes an
-    # older one (OPT's first exports, without "model.")
-    for key, (name, part) in sorted(model.checkpoint_map().items(),
-                                    key=lambda kv: (not kv[0].startswith("model."), kv[0])):
+    # older one (OPT's first exports, without "model."), else the map's first
+    # (an encoder's own checkpoints, before those of the same encoder under a head)
+    items = list(model.checkpoint_map().items())
+    for _, (key, (name, part)) in sorted(enumerate(items), key=lambda ikv: (
+            not ikv[1][0].startswith("model."), ikv[0])):
         if (name, part) in seen:
             continue
         seen.add((name, part))
@@ -126,11 +128,16 @@ def make_tiny_model(folder: str | Path, *, arch: str = "llama", seed: int = 0,
     import torch
     from safetensors.torch import save_file
 
-    if arch not in ARCHS:
-        raise ValueError(f"--arch {arch!r} is not one of: {', '.join(ARCHS)}")
+    from engine import tiny_pooling_model
+
+    if arch not in ARCHS and arch not in tiny_pooling_model.POOLING_ARCHS:
+        raise ValueError(f"--arch {arch!r} is not one of: "
+                         f"{', '.join([*ARCHS, *tiny_pooling_model.POOLING_ARCHS])}")
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ValueError(f"{folder} exists and is not an empty folder; choose a new one")
+    if arch in tiny_pooling_model.POOLING_ARCHS:
+        return tiny_pooling_model.make(folder, arch, seed, vocab_size, init_std)
     tok = build_tokenizer(vocab_size)
     vocab = tok.get_vocab_size()
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)

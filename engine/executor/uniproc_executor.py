@@ -23,8 +23,9 @@ class UniProcExecutor:
         self.runner = build_runner(config, blocks)
         self.model, self.linear_mode = self.runner.model, self.runner.linear_mode
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        """One token per sequence, sampled from the batch's logits."""
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list:
+        """One token per sequence, sampled from the batch's logits (a pooling
+        model: one pooled vector per sequence)."""
         return self.runner.run(seqs, is_prefill)
 
     def check_health(self) -> None:

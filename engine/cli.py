@@ -33,6 +33,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     parallel_args(p)
 
 
+def runner_args(p: argparse.ArgumentParser) -> None:
+    from engine.pooler_config import CONVERTS, RUNNERS
+
+    p.add_argument("--runner", default="auto", choices=RUNNERS,
+                   help="generate, or pooling: embeddings, classes, scores (default auto: "
+                   "pooling for encoders such as BERT, generate for decoders)")
+    p.add_argument("--convert", default="auto", choices=CONVERTS,
+                   help="what a pooling model serves: embed, classify or score (a "
+                   "cross-encoder's); default auto: from its architecture")
+
+
 def scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=None, help="prefill long prompts in chunks of the step's token "
@@ -108,6 +119,7 @@ def _serve_parser(sub) -> None:
                    help="tokens in one step (default 2048 with chunked prefill; without it, "
                    "at least --max-model-len)")
     s.add_argument("--block-size", type=int, default=128)
+    runner_args(s)
     scheduler_args(s)
     parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
@@ -291,7 +303,8 @@ def make_tiny_model(args) -> int:
     from engine.tiny_model import make_tiny_model as make
 
     path = make(args.dir, arch=args.arch, seed=args.seed)
-    print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}")
+    runner = " --runner pooling" if args.arch == "qwen3-embedding" else ""
+    print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}{runner}")
     return 0
 
 

@@ -60,9 +60,8 @@ def resolve_runner(mc: ModelConfig, path: Path, runner: str = "auto", convert: s
         if convert not in ("auto", "none"):
             raise ValueError(f"--convert {convert} needs --runner pooling")
         return None
-    head = "embed" if convert in ("auto", "none") and own_head is None else (
-        own_head if convert in ("auto", "none") else convert)
-    if head == "score":
+    head: str = convert if convert not in ("auto", "none") else (own_head or "embed")
+    if head == "score":  # a cross-encoder: the classifier, over pairs
         head = "classify"
     labels = 0
     if head == "classify":

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 from typing import Sequence as Seq
 
 import numpy as np
 
+from engine.core.input_processor import InputProcessor
 from engine.core.output_processor import OutputProcessor, RequestState
 from engine.pooling_params import PoolingParams
 
@@ -51,11 +53,11 @@ def vector(state: RequestState) -> np.ndarray:
 class PoolingMixin:
     """LLM's pooling methods (engine.entrypoints.llm)."""
 
-    core: object
-    processor: object
+    core: Any  # the LLM's engine core (engine.executor.data_parallel.engine_core)
+    processor: InputProcessor
 
     def _tasks(self) -> tuple[str, ...]:
-        pooler = self.core.engine_config.pooler  # type: ignore[attr-defined]
+        pooler = self.core.engine_config.pooler
         return () if pooler is None else pooler.tasks
 
     def _check(self, task: str) -> None:
@@ -65,27 +67,27 @@ class PoolingMixin:
 
     def _pool(self, prompts, params: PoolingParams, pairs=None) -> list[RequestState]:
         core = self.core
-        config = core.engine_config.model  # type: ignore[attr-defined]
-        params.check(config.hidden_size, (core.engine_config.pooler.matryoshka  # type: ignore
-                                          if core.engine_config.pooler else None))  # type: ignore
+        config = core.engine_config.model
+        pooler = core.engine_config.pooler
+        params.check(config.hidden_size, list(pooler.matryoshka or ()) if pooler else None)
         types = config.hf.get("type_vocab_size", 0) > 1
         batch = next(_batches)
-        states = [self.processor.pooling_request(  # type: ignore[attr-defined]
+        states = [self.processor.pooling_request(
             f"pool-{batch}-{i}", p, params, i, pairs[i] if pairs else None, types)
             for i, p in enumerate(prompts)]
         output = OutputProcessor()
         for state in states:
             output.add(state)
-            core.add_request(state.core_request())  # type: ignore[attr-defined]
+            core.add_request(state.core_request())
         try:
-            while core.has_unfinished():  # type: ignore[attr-defined]
-                outs = core.step()  # type: ignore[attr-defined]
+            while core.has_unfinished():
+                outs = core.step()
                 if outs.failed_request_ids:
                     raise RuntimeError(f"input(s) {', '.join(outs.failed_request_ids)} "
                                        f"failed: {outs.failure}")
                 output.process_outputs(outs.outputs)
         except BaseException:
-            core.abort_requests([s.request_id for s in states])  # type: ignore[attr-defined]
+            core.abort_requests([s.request_id for s in states])
             raise
         return states
 
@@ -113,7 +115,7 @@ class PoolingMixin:
         or the two lists pairwise."""
         self._check("score")
         firsts, seconds = score_pairs(data_1, data_2)
-        head = self.core.engine_config.pooler.head  # type: ignore[attr-defined]
+        head = self.core.engine_config.pooler.head
         if head == "classify":  # a cross-encoder reads each pair whole
             states = self._pool(firsts, PoolingParams(task="score"), seconds)
             return [PoolingRequestOutput(s.request_id, s.token_ids, ScoringOutput(

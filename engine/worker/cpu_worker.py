@@ -23,11 +23,25 @@ from engine.worker.pooling_model_runner import PoolingModelRunner, make_pooler
 logger = logging.getLogger("engine")
 
 
-def build_runner(config: EngineConfig, blocks: BlockManager
-                 ) -> ModelRunner | PoolingModelRunner:
+def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
     """The model (this rank's shard under tensor parallelism) with its weights
-    loaded and laid out for this CPU, over a KV cache of `blocks` (a pooling
-    model: none, engine/worker/pooling_model_runner.py)."""
+    loaded and laid out for this CPU, over a KV cache of `blocks`."""
+    model, linear_mode = _load(config)
+    runner = ModelRunner(model, blocks, config.dtype, current_platform().device())
+    runner.linear_mode = linear_mode
+    return runner
+
+
+def build_pooling_runner(config: EngineConfig) -> PoolingModelRunner:
+    """A pooling model (engine/worker/pooling_model_runner.py): no KV cache."""
+    model, linear_mode = _load(config)
+    runner = PoolingModelRunner(model, make_pooler(model, config), current_platform().device())
+    runner.linear_mode = linear_mode
+    return runner
+
+
+def _load(config: EngineConfig):
+    """(the model, loaded and laid out, its linear layers' mode)."""
     platform = current_platform()
     device = platform.device()
     cls = model_class(config.model.architecture)
@@ -46,10 +60,4 @@ def build_runner(config: EngineConfig, blocks: BlockManager
         cpu_hugepages.trim_heap()  # what loading and packing freed goes back first
         if envs.cpu_keep_freed_memory():
             cpu_malloc.keep_freed_memory()  # then a step's freed activations stay
-    runner: ModelRunner | PoolingModelRunner
-    if config.pooler is not None:
-        runner = PoolingModelRunner(model, make_pooler(model, config), device)
-    else:
-        runner = ModelRunner(model, blocks, config.dtype, device)
-    runner.linear_mode = linear_mode
-    return runner
+    return model, linear_mode

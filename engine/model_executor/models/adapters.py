@@ -17,7 +17,8 @@ class DecoderEmbeddingModel(LlamaForCausalLM):
         super().__init__(c, dtype)
         self.lm_head = None  # never run: the weights it would take are freed here
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+    # a pooling model's forward (as the encoders'): every token's hidden state
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         assert self.embed_tokens is not None and self.norm is not None, "one stage"
         x = parallel.embed(input_ids, self.embed_tokens)

@@ -301,7 +301,10 @@ def client(args) -> int:
 
 def make_tiny_model(args) -> int:
     from engine.tiny_model import make_tiny_model as make
+    from engine.tiny_pooling_model import POOLING_ARCHS, make_tiny_pooling_model
 
+    if args.arch in POOLING_ARCHS:
+        make = make_tiny_pooling_model
     path = make(args.dir, arch=args.arch, seed=args.seed)
     runner = " --runner pooling" if args.arch == "qwen3-embedding" else ""
     print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}{runner}")

@@ -122,22 +122,22 @@ def _random(key: str, shape: tuple, gemma: bool, g, init_std: float):
     return torch.randn(shape, generator=g) * 0.02  # biases
 
 
+def check_new_folder(folder: Path) -> None:
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ValueError(f"{folder} exists and is not an empty folder; choose a new one")
+
+
 def make_tiny_model(folder: str | Path, *, arch: str = "llama", seed: int = 0,
                     vocab_size: int = 512, init_std: float = 0.2) -> Path:
     """Write the checkpoint into folder (created; must be empty or absent)."""
     import torch
     from safetensors.torch import save_file
 
-    from engine import tiny_pooling_model
-
-    if arch not in ARCHS and arch not in tiny_pooling_model.POOLING_ARCHS:
-        raise ValueError(f"--arch {arch!r} is not one of: "
-                         f"{', '.join([*ARCHS, *tiny_pooling_model.POOLING_ARCHS])}")
+    if arch not in ARCHS:
+        raise ValueError(f"--arch {arch!r} is not one of: {', '.join(ARCHS)} (pooling models: "
+                         "engine.tiny_pooling_model)")
     folder = Path(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ValueError(f"{folder} exists and is not an empty folder; choose a new one")
-    if arch in tiny_pooling_model.POOLING_ARCHS:
-        return tiny_pooling_model.make(folder, arch, seed, vocab_size, init_std)
+    check_new_folder(folder)
     tok = build_tokenizer(vocab_size)
     vocab = tok.get_vocab_size()
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.tiny_model import ARCHS, CORPUS, SHAPE, _checkpoint_shapes, _random
+from engine.tiny_model import ARCHS, CORPUS, SHAPE, _checkpoint_shapes, _random, check_new_folder
 
 _ENCODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, max_position_embeddings=512, hidden_act="gelu",
@@ -71,14 +71,22 @@ def _tokenizer(family: str, vocab_size: int):
     return tok, cls, sep, pad
 
 
-def make(folder: Path, arch: str, seed: int = 0, vocab_size: int = 512,
-         init_std: float = 0.2) -> Path:
+def make_tiny_pooling_model(folder: str | Path, *, arch: str = "bert", seed: int = 0,
+                            vocab_size: int = 512, init_std: float = 0.2,
+                            sizes: dict | None = None) -> Path:
+    """Write the checkpoint into folder (created; must be empty or absent);
+    sizes: config.json sizes instead of the tiny ones (the benchmarks')."""
     import shutil
 
     import torch
     from safetensors.torch import save_file
 
+    if arch not in POOLING_ARCHS:
+        raise ValueError(f"--arch {arch!r} is not one of: {', '.join(POOLING_ARCHS)}")
+    folder = Path(folder)
+    check_new_folder(folder)
     config, family, st_pooling = POOLING_ARCHS[arch]
+    config = {**config, **(sizes or {})}
     tok, cls, sep, pad = _tokenizer(family, vocab_size)
     config = {k: v for k, v in config.items() if v is not None}
     config.update(vocab_size=tok.get_vocab_size(), pad_token_id=tok.token_to_id(pad),
@@ -92,6 +100,10 @@ def make(folder: Path, arch: str, seed: int = 0, vocab_size: int = 512,
             tensors[key] = torch.ones(shape) if key.endswith(".weight") else torch.zeros(shape)
         else:
             tensors[key] = _random(key, shape, False, g, init_std).contiguous()
+    if family != "qwen3" and not any(k.startswith("classifier.") for k in tensors):
+        h = config["hidden_size"]  # the base model's pooler, as its checkpoints carry (unread)
+        tensors["pooler.dense.weight"] = _random("pooler", (h, h), False, g, init_std)
+        tensors["pooler.dense.bias"] = torch.zeros(h)
     tmp = folder.with_name(folder.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -24,14 +24,14 @@ QUERY = "Where does the fox live?"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from engine.tiny_model import make_tiny_model
+    from engine.tiny_pooling_model import make_tiny_pooling_model
 
     root = tmp_path_factory.mktemp("pool")
     made = {}
 
     def get(arch: str):
         if arch not in made:
-            made[arch] = make_tiny_model(root / arch, arch=arch)
+            made[arch] = make_tiny_pooling_model(root / arch, arch=arch)
         return made[arch]
     return get
 

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    from engine.tiny_model import make_tiny_model
+    from engine.tiny_pooling_model import make_tiny_pooling_model
 
     root = tmp_path_factory.mktemp("served-pool")
-    return lambda arch: make_tiny_model(root / arch, arch=arch)
+    return lambda arch: make_tiny_pooling_model(root / arch, arch=arch)
 
 
 def test_openai_sdk_and_langchain_embeddings(made):

@@ -16,9 +16,10 @@ st = pytest.importorskip("sentence_transformers",
                          reason="sentence-transformers is a dev requirement (requirements/dev.txt)")
 httpx = pytest.importorskip("httpx")
 
+# of different lengths, but for "Sunday" and "Friday": one run of equal lengths in a batch
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello, how are you today?",
-         "one two three", "What is the capital of France? Paris is the capital of France.",
-         "Monday", "Tell me a story about a cat."]  # three lengths share nothing, two do
+         "Sunday", "What is the capital of France? Paris is the capital of France.",
+         "Friday", "Tell me a story about a cat."]
 QUERY = "Where does the fox live?"
 
 
@@ -91,6 +92,8 @@ def test_a_batch_equals_its_requests_one_at_a_time(models):
     """Varlen attention by length groups: every sequence attends to its own
     tokens only, whatever the batch packs beside it."""
     model = llm(models("bert"))
+    lengths = [len(o.prompt_token_ids) for o in model.embed(TEXTS)]
+    assert lengths[2] == lengths[4] and len(set(lengths)) == len(lengths) - 1
     together = np.array([o.outputs.embedding for o in model.embed(TEXTS)])
     alone = np.array([model.embed(t)[0].outputs.embedding for t in TEXTS])
     assert np.abs(together - alone).max() < 1e-5

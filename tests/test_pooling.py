@@ -157,12 +157,13 @@ def ask(path, requests: list[tuple[str, dict]], **engine_args) -> list:
 def test_routes_answer_as_the_offline_api(models):
     path = models("bert")
     want = np.array([o.outputs.embedding for o in llm(path).embed(TEXTS[:2])])
-    floats, b64, pooled, score, rerank = ask(path, [
+    floats, b64, pooled, score, rerank, bare = ask(path, [
         ("/v1/embeddings", {"input": TEXTS[:2]}),
         ("/v1/embeddings", {"input": TEXTS[:2], "encoding_format": "base64"}),
         ("/pooling", {"input": TEXTS[0]}),
         ("/score", {"text_1": TEXTS[0], "text_2": TEXTS[:2]}),
         ("/v1/rerank", {"query": TEXTS[1], "documents": TEXTS[:3], "top_n": 2}),
+        ("/v1/embeddings", {"input": TEXTS[0], "add_special_tokens": False}),
     ])
     got = np.array([d["embedding"] for d in floats.json()["data"]])
     assert np.allclose(got, want, atol=1e-6)
@@ -176,6 +177,10 @@ def test_routes_answer_as_the_offline_api(models):
     results = rerank.json()["results"]
     assert [r["index"] for r in results][:1] == [1] and len(results) == 2
     assert results[0]["document"]["text"] == TEXTS[1]
+    # without [CLS] and [SEP]: two tokens fewer, another vector
+    assert bare.json()["usage"]["prompt_tokens"] == len(llm(path).embed(TEXTS[0])[0]
+                                                        .prompt_token_ids) - 2
+    assert not np.allclose(bare.json()["data"][0]["embedding"], want[0], atol=1e-3)
 
 
 def test_bad_inputs_are_a_400_naming_the_field(models):
@@ -191,12 +196,13 @@ def test_bad_inputs_are_a_400_naming_the_field(models):
         ("/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}),
         ("/classify", {"input": "a"}),
         ("/v1/completions", {"prompt": "a"}),
+        ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 8}),
         ("/v1/embeddings", {"input": "still serving"}),
     ], max_waiting=8)
     *bad, last = got
     assert last.status_code == 200
     params = ["input", "input", "input", "dimensions", "input", "encoding_format",
-              "documents", "text_2", None, None]
+              "documents", "text_2", None, None, "truncate_prompt_tokens"]
     for r, param in zip(bad, params):
         assert r.status_code == 400, r.text
         error = r.json()["error"]

@@ -149,14 +149,16 @@ class AsyncLLM:
         return self.processor.from_token_ids(request_id, list(prompt), params, index)
 
     async def make_pooling_request(self, prompt, params: PoolingParams, index: int = 0,
-                                   pair: str | None = None) -> RequestState:
+                                   pair: str | None = None, add_special_tokens: bool = True
+                                   ) -> RequestState:
         """A checked pooling request (ValueError naming input {index}): a
         text, a (text, pair) of a cross-encoder, or token ids."""
         request_id = f"{self._prefix}{next(self._ids)}"
         if isinstance(prompt, str) and pair is None and len(prompt) > OFFLOAD_CHARS:
-            prompt = await self.processor.tokenize_async(prompt)  # off the event loop
+            # off the event loop
+            prompt = await self.processor.tokenize_async(prompt, add_special_tokens)
         return self.processor.pooling_request(request_id, prompt, params, index, pair,
-                                              self.token_types)
+                                              self.token_types, add_special_tokens)
 
     def num_waiting(self) -> int:
         """Requests that have not had their first token yet."""

@@ -57,7 +57,8 @@ class InputProcessor:
             None, self.tokenize, text, add_special_tokens)
 
     def pooling_request(self, request_id: str, prompt, params: PoolingParams, index: int = 0,
-                        pair: str | None = None, token_types: bool = False) -> RequestState:
+                        pair: str | None = None, token_types: bool = False,
+                        add_special_tokens: bool = True) -> RequestState:
         """A checked pooling request: a text (with `pair`, a cross-encoder's
         pair, tokenized as the model's tokenizer joins two texts) or token
         ids; ValueError naming input {index} when it cannot run. token_types:
@@ -65,11 +66,11 @@ class InputProcessor:
         types = None
         if isinstance(prompt, str):
             if pair is None:
-                ids, text = self.tokenize(prompt), prompt
+                ids, text = self.tokenize(prompt, add_special_tokens), prompt
             else:
                 check_unicode(prompt, f"input {index}")
                 check_unicode(pair, f"input {index}")
-                enc = self.tokenizer.encode(prompt, pair)
+                enc = self.tokenizer.encode(prompt, pair, add_special_tokens=add_special_tokens)
                 ids, types, text = enc.ids, enc.type_ids, prompt
         else:
             ids, text = list(prompt), None

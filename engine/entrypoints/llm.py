@@ -65,6 +65,10 @@ class LLM(PoolingMixin):
         """One RequestOutput per prompt, in prompt order. Prompts are strings,
         token id lists (or given as prompt_token_ids=), or upstream's prompt
         dicts: {"prompt": text} and {"prompt_token_ids": ids}."""
+        tasks = self._tasks()
+        if tasks:
+            raise ValueError(f"generate: this is a pooling model; it serves {', '.join(tasks)} "
+                             "(LLM.embed, LLM.classify, LLM.score)")
         if prompt_token_ids is not None:
             prompts = prompt_token_ids
         if not prompts:

@@ -23,6 +23,20 @@ from engine.pooling_params import PoolingParams
 Input = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
+# upstream's fields this engine does not implement: refused by name when set
+REFUSED = ("truncate_prompt_tokens", "embed_dtype", "endianness", "mm_processor_kwargs")
+
+
+def refuse_unsupported(body: BaseModel) -> None:
+    extra = body.model_extra or {}
+    for name in REFUSED:
+        if extra.get(name) is not None:
+            raise APIError(400, f"{name} is not supported by this engine; leave it unset "
+                           "(an input longer than the model's context is refused, not cut)"
+                           if name == "truncate_prompt_tokens" else
+                           f"{name} is not supported by this engine; leave it unset", name)
+
+
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # user, ...: ignored, as upstream
 
@@ -64,7 +78,7 @@ def check_model(state: ServerState, name: str | None, task: str, route: str) -> 
 
 
 async def pool(state: ServerState, request: Request, inputs: list, params: PoolingParams,
-               param: str, pairs: list[str] | None = None):
+               param: str, pairs: list[str] | None = None, add_special_tokens: bool = True):
     """Run one pooling request per input (with pairs: a cross-encoder's
     pairs); their states in order, or the Response that ended the request
     early (a client that left). A bad input is a 400 naming param[i]."""
@@ -78,7 +92,7 @@ async def pool(state: ServerState, request: Request, inputs: list, params: Pooli
             check_prompt_fits(state, prompt + (pairs[i] if pairs else ""), where)
         try:
             seqs.append(await state.llm.make_pooling_request(
-                prompt, params, i, pairs[i] if pairs else None))
+                prompt, params, i, pairs[i] if pairs else None, add_special_tokens))
         except ValueError as exc:
             message = str(exc).replace(f"input {i}", where, 1)
             raise APIError(400, message if message.startswith(where) else f"{where}: {message}",
@@ -113,13 +127,15 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, request: 
     """/v1/embeddings (obj "embedding") and /pooling (obj "pooling")."""
     route = "/v1/embeddings" if obj == "embedding" else "/pooling"
     name = check_model(state, body.model, "embed", route)
+    refuse_unsupported(body)
     params = PoolingParams(task="embed", dimensions=body.dimensions, normalize=body.normalize)
     try:
         params.check(state.llm.model_config.hidden_size,
                      state.llm.model_config.hf.get("matryoshka_dimensions"))
     except ValueError as exc:
         raise APIError(400, str(exc), "dimensions") from None
-    seqs = await pool(state, request, body.inputs(), params, "input")
+    seqs = await pool(state, request, body.inputs(), params, "input",
+                      add_special_tokens=body.add_special_tokens)
     if isinstance(seqs, Response):
         return seqs
     key = "embedding" if obj == "embedding" else "data"
@@ -132,6 +148,7 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, request: 
 async def create_classification(state: ServerState, body: ClassificationRequest,
                                 request: Request):
     name = check_model(state, body.model, "classify", "/classify")
+    refuse_unsupported(body)
     inputs = EmbeddingRequest(input=body.input).inputs()
     seqs = await pool(state, request, inputs, PoolingParams(task="classify"), "input")
     if isinstance(seqs, Response):

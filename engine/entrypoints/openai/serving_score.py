@@ -14,8 +14,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from engine.entrypoints.openai.serving_engine import APIError, ServerState
-from engine.entrypoints.openai.serving_pooling import (check_model, pool, request_id, usage,
-                                                       vector)
+from engine.entrypoints.openai.serving_pooling import (check_model, pool, refuse_unsupported,
+                                                       request_id, usage, vector)
 from engine.pooling_params import PoolingParams
 
 Texts = Union[StrictStr, list[StrictStr]]
@@ -74,6 +74,7 @@ async def scores(state: ServerState, request: Request, firsts: list[str], second
 
 async def create_score(state: ServerState, body: ScoreRequest, request: Request):
     name = check_model(state, body.model, "score", "/score")
+    refuse_unsupported(body)
     firsts, seconds = pairs_of(body.text_1, body.text_2)
     got = await scores(state, request, firsts, seconds, "text_2")
     if isinstance(got, Response):
@@ -86,6 +87,7 @@ async def create_score(state: ServerState, body: ScoreRequest, request: Request)
 
 async def create_rerank(state: ServerState, body: RerankRequest, request: Request):
     name = check_model(state, body.model, "score", "/rerank")
+    refuse_unsupported(body)
     if not body.documents:
         raise APIError(400, "documents: give at least one document", "documents")
     got = await scores(state, request, [body.query] * len(body.documents), body.documents,

@@ -40,6 +40,10 @@ def _eps(c: ModelConfig) -> float:
 class BertEmbeddings(nn.Module):
     def __init__(self, c: ModelConfig, dtype: torch.dtype, position_offset: int = 0):
         super().__init__()
+        kind = c.hf.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise ValueError(f"position_embedding_type {kind!r} is not supported; BERT-family "
+                             "encoders run with absolute positions")
         h = c.hidden_size
         self.word_embeddings = param(c.vocab_size, h, dtype=dtype)
         self.position_embeddings = param(c.max_position, h, dtype=dtype)

@@ -210,3 +210,40 @@ def test_bad_inputs_are_a_400_naming_the_field(models):
     assert "input[1] has" in bad[1].json()["error"]["message"]
     assert "--max-waiting-queue-length" in bad[2].json()["error"]["message"]
     assert "this server runs a pooling model" in bad[9].json()["error"]["message"]
+
+
+POOLING_ROUTES = {
+    "/v1/embeddings": {"input": "hi", "encoding_format": "float", "dimensions": 8,
+                       "normalize": True, "add_special_tokens": True, "model": "tiny"},
+    "/pooling": {"input": ["hi", "there"]},
+    "/classify": {"input": "hi"},
+    "/score": {"text_1": "hi", "text_2": ["a", "b"]},
+    "/v1/rerank": {"query": "hi", "documents": ["a", "b"], "top_n": 1,
+                   "return_documents": False},
+}
+
+
+def test_hostile_values_in_every_field_get_no_5xx(models):
+    """benchmarks/hostile.py's wrong values in each field of each pooling route
+    (a cross-encoder serves all five but /v1/embeddings' and /pooling's 400)."""
+    from benchmarks.hostile import BAD_VALUES
+
+    requests = [(route, {**body, field: bad}) for route, body in POOLING_ROUTES.items()
+                for field in body for bad in BAD_VALUES]
+    got = ask(models("bert-reranker"), requests + [("/v1/rerank", POOLING_ROUTES["/v1/rerank"])])
+    statuses = {r.status_code for r in got}
+    assert max(statuses) < 500, [(q, r.text) for q, r in zip(requests, got)
+                                 if r.status_code >= 500][:3]
+    assert got[-1].status_code == 200 and got[-1].json()["results"][0]["index"] in (0, 1)
+    assert all(r.status_code in (400, 404) and "\n" not in r.json()["error"]["message"]
+               for r in got if r.status_code != 200)  # 404: a "model" that is not served
+
+
+def test_a_generative_server_refuses_the_pooling_routes(tmp_path):
+    from engine.tiny_model import make_tiny_model
+
+    got = ask(make_tiny_model(tmp_path / "llama"), [(route, body) for route, body in
+                                                    POOLING_ROUTES.items()])
+    for r in got:
+        assert r.status_code == 400
+        assert "this server runs a generative model" in r.json()["error"]["message"]

@@ -247,3 +247,14 @@ def test_a_generative_server_refuses_the_pooling_routes(tmp_path):
     for r in got:
         assert r.status_code == 400
         assert "this server runs a generative model" in r.json()["error"]["message"]
+
+
+def test_bfloat16_embeddings_stay_close_to_float32(models):
+    """The engine's bfloat16 kernels under the encoder; pooled in float32."""
+    from engine.entrypoints.llm import LLM
+
+    path = models("bert")
+    want = np.array([o.outputs.embedding for o in llm(path).embed(TEXTS)])
+    half = LLM(path, dtype="bfloat16", bind_threads=False)
+    got = np.array([o.outputs.embedding for o in half.embed(TEXTS)])
+    assert cosines(got, want).min() >= 0.999

@@ -108,7 +108,7 @@ def sentence_transformers_pooling(path: Path) -> tuple[str, bool] | None:
     mode = cfg.get("pooling_mode")
     if mode is None:
         modes = [m for key, m in _ST_LEGACY.items() if cfg.get(key)]
-        mode = modes[0] if len(modes) == 1 else ("mean" if not modes else modes)
+        mode = modes[0] if len(modes) == 1 else (modes if modes else "mean")
     if mode not in _ST_MODES:
         raise ValueError(f"{path}: sentence-transformers pooling {mode!r} is not supported; "
                          f"supported: {', '.join(_ST_MODES)}")

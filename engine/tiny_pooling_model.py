@@ -136,7 +136,8 @@ def _sentence_transformers_files(folder: Path, pooling: str, hidden: int,
                                  max_seq_length: int) -> None:
     """modules.json (Transformer, Pooling, Normalize) and the Pooling module's
     config, in the form the published checkpoints carry."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling",
                 "type": "sentence_transformers.models.Pooling"},
                {"idx": 2, "name": "2", "path": "2_Normalize",
@@ -148,6 +149,7 @@ def _sentence_transformers_files(folder: Path, pooling: str, hidden: int,
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(
         {"word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
          "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
-         "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_lasttoken": pooling == "lasttoken",
+         "pooling_mode_mean_sqrt_len_tokens": False,
+         "pooling_mode_lasttoken": pooling == "lasttoken",
          "include_prompt": True}, indent=2) + "\n")
     (folder / "2_Normalize").mkdir()

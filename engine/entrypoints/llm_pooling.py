@@ -10,9 +10,9 @@ embedding model, is the cosine similarity of the two texts' embeddings."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
-from typing import Sequence as Seq
 
 import numpy as np
 

@@ -7,20 +7,26 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from engine.entrypoints.openai.serving_engine import (APIError, ServerState, admit,
-                                                      check_fan_out, check_prompt_fits,
-                                                      error_response, run_to_end,
-                                                      unless_disconnected)
+from engine.entrypoints.openai.serving_engine import (
+    APIError,
+    ServerState,
+    admit,
+    check_fan_out,
+    check_prompt_fits,
+    error_response,
+    run_to_end,
+    unless_disconnected,
+)
 from engine.pooling_params import PoolingParams
 
-Input = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+Input = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 # upstream's fields this engine does not implement: refused by name when set

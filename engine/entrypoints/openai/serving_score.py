@@ -6,7 +6,6 @@ two texts' embeddings."""
 from __future__ import annotations
 
 import time
-from typing import Union
 
 import numpy as np
 from fastapi import Request
@@ -14,11 +13,17 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from engine.entrypoints.openai.serving_engine import APIError, ServerState
-from engine.entrypoints.openai.serving_pooling import (check_model, pool, refuse_unsupported,
-                                                       request_id, usage, vector)
+from engine.entrypoints.openai.serving_pooling import (
+    check_model,
+    pool,
+    refuse_unsupported,
+    request_id,
+    usage,
+    vector,
+)
 from engine.pooling_params import PoolingParams
 
-Texts = Union[StrictStr, list[StrictStr]]
+Texts = StrictStr | list[StrictStr]
 
 
 class ScoreRequest(BaseModel):

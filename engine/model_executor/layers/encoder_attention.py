@@ -41,14 +41,15 @@ def attend_by_length(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim]."""
     gqa = q.shape[1] != k.shape[1]
     for start, count, n in groups:
-        end = start + count * n
+        o = F.scaled_dot_product_attention(
+            _block(q, start, count, n), _block(k, start, count, n), _block(v, start, count, n),
+            is_causal=causal, scale=scale, enable_gqa=gqa)
+        _block(out, start, count, n).copy_(o)
 
-        def block(x: torch.Tensor) -> torch.Tensor:
-            return x[start:end].view(count, n, x.shape[1], x.shape[2]).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(block(q), block(k), block(v), is_causal=causal,
-                                           scale=scale, enable_gqa=gqa)
-        out[start:end].view(count, n, q.shape[1], q.shape[2]).copy_(o.transpose(1, 2))
+def _block(x: torch.Tensor, start: int, count: int, n: int) -> torch.Tensor:
+    """The [count, heads, n, head_dim] view of `count` sequences of n tokens from start."""
+    return x[start:start + count * n].view(count, n, x.shape[1], x.shape[2]).transpose(1, 2)
 
 
 class EncoderOnlyAttention(nn.Module):

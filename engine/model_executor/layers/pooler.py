@@ -5,7 +5,7 @@ normalized, or a classifier's logits through softmax (sigmoid for one label,
 a cross-encoder's score). Computed in float32 whatever the model's dtype."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -38,6 +38,22 @@ def scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="reuse the KV blocks of a prompt prefix computed before "
                    "(default: on)")
+    p.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   metavar="JSON", help='speculative decoding, e.g. \'{"method": "ngram", '
+                   '"num_speculative_tokens": 4, "prompt_lookup_max": 5}\' (default: none)')
+
+
+def _speculative_config(text: str) -> dict:
+    """The flag's JSON, checked before anything loads (one line naming the key)."""
+    import json
+
+    from engine.spec_decode.config import SpeculativeConfig
+
+    try:
+        SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return json.loads(text)
 
 
 def parallel_args(p: argparse.ArgumentParser) -> None:

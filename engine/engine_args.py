@@ -16,6 +16,7 @@ from engine.model_executor.layers.parallel import (TP_ARCHITECTURES, check_shard
                                                   check_stages)
 from engine.model_source import resolve_model
 from engine.platforms import current as current_platform
+from engine.spec_decode.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -45,6 +46,7 @@ class EngineConfig:
     data_parallel_rank: int = 0  # this replica's (its ranks' CPUs come after the ones before)
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
 
     @property
     def world_size(self) -> int:
@@ -173,7 +175,9 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          enable_prefix_caching: bool | None = None,
                          data_parallel_size: int = 1, data_parallel_rank: int = 0,
                          pipeline_parallel_size: int = 1,
+                         speculative_config: str | dict | SpeculativeConfig | None = None,
                          ) -> EngineConfig:
+    spec = SpeculativeConfig.parse(speculative_config)  # before the model: fails fast
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
     torch_dtype = resolve_dtype(dtype, mc)
@@ -205,7 +209,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix)
+                        prefix, spec)
 
 
 def check_data_parallel(dp: int, rank: int, backend: str | None) -> None:
@@ -256,7 +260,7 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching")
+                    "enable_prefix_caching", "speculative_config")
 
 
 def cli_engine_args(args) -> dict:

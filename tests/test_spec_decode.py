@@ -177,17 +177,21 @@ def test_greedy_ids_unchanged_where_drafts_are_accepted(models, engines):
 
 def test_stops_and_lengths_hold_inside_accepted_drafts(models, engines):
     """A stop token or max_tokens that falls among a step's accepted drafts
-    ends the output there, as without speculation."""
+    ends the output there, as without speculation: every token of the
+    output tried as the stop token, every length as max_tokens (one batch
+    each)."""
     model = models[1]
     base, spec = engines[model, False], engines[model, True]
-    text = _ids(base, [[5]], max_tokens=60)[0]
-    prompt = [5] + text + [7, 8, 5]
-    stop = text[20]  # emitted around the 20th token: within drafts by then
-    for kw in ({"max_tokens": 23}, {"max_tokens": 41}, {"stop_token_ids": [stop]},
-               {"ignore_eos": False, "max_tokens": 80}):
-        want = _ids(base, [prompt], **kw)[0]
-        assert _ids(spec, [prompt], **kw)[0] == want, kw
-    assert len(_ids(spec, [prompt], max_tokens=23)[0]) == 23
+    prompt = [5] + _ids(base, [[5]], max_tokens=60)[0] + [7, 8, 5]
+    full = _ids(base, [prompt], max_tokens=48)[0]
+    for key, values in (("stop_token_ids", [[t] for t in dict.fromkeys(full)]),
+                        ("max_tokens", range(1, 48))):
+        params = [SamplingParams(temperature=0, ignore_eos=True, **{"max_tokens": 48, key: v})
+                  for v in values]
+        want = [o.outputs[0].token_ids for o in base.generate([prompt] * len(params), params)]
+        got = [o.outputs[0].token_ids for o in spec.generate([prompt] * len(params), params)]
+        assert got == want, key
+    assert [len(w) for w in want] == list(range(1, 48))
 
 
 def test_seeded_sampling_and_unspeculated_requests(models, engines):

@@ -219,3 +219,22 @@ def test_seeded_sampling_and_unspeculated_requests(models, engines):
         want = [o.outputs[0].token_ids for o in base.generate([prompt, prompt], [plain, p])]
         got = [o.outputs[0].token_ids for o in spec.generate([prompt, prompt], [plain, p])]
         assert got == want
+
+
+def test_without_chunked_prefill_and_with_a_small_cache(models, engines):
+    """Whole-prompt steps then decodes (no chunked prefill), and a KV cache
+    of 6 blocks of 32 for 4 requests of ~90 tokens: drafts that would need a
+    block the cache lacks are dropped, sequences preempted and recomputed;
+    the greedy ids stay those of the plain engine."""
+    from engine.entrypoints.llm import LLM
+
+    model = models[1]
+    base = engines[model, False]
+    prompt = [5] + _ids(base, [[5]], max_tokens=40)[0] + [7, 8, 5]
+    prompts = [prompt, prompt[3:], [9, 10] + prompt, prompt[:20]]
+    small = LLM(model, speculative_config=SPEC, **{**ENGINE, "num_kv_blocks": 6,
+                                                   "max_model_len": 192,
+                                                   "enable_chunked_prefill": False})
+    assert _ids(small, prompts, max_tokens=48) == _ids(base, prompts, max_tokens=48)
+    assert small.core.scheduler.num_preemptions > 0
+    assert _stats(small)[1] > 0

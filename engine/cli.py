@@ -28,6 +28,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     scheduler_args(p)
+    speculative_args(p)
     parallel_args(p)
 
 
@@ -38,6 +39,9 @@ def scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="reuse the KV blocks of a prompt prefix computed before "
                    "(default: on)")
+
+
+def speculative_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-config", type=_speculative_config, default=None,
                    metavar="JSON", help='speculative decoding, e.g. \'{"method": "ngram", '
                    '"num_speculative_tokens": 4, "prompt_lookup_max": 5}\' (default: none)')
@@ -123,6 +127,7 @@ def _serve_parser(sub) -> None:
                    "at least --max-model-len)")
     s.add_argument("--block-size", type=int, default=128)
     scheduler_args(s)
+    speculative_args(s)
     parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: MODEL as given)")

@@ -392,20 +392,3 @@ def nightly(storage) -> str:
     import json
 
     return json.loads(storage.read("nightly/cpu/metadata.json"))["commit"]
-
-
-def damp_attention(folder: Path, factor: float = 0.02) -> Path:
-    """Scale a checkpoint's attention output projections (o_proj) by factor:
-    the next token then depends mostly on the current one (a bigram model,
-    attention still computed and still felt), so greedy output follows a
-    chain that repeats what the context already holds: the case where
-    prompt-lookup drafts are accepted (tests and benchmarks/spec_decode.py)."""
-    from safetensors.torch import load_file, save_file
-
-    for f in Path(folder).glob("*.safetensors"):
-        tensors = load_file(str(f))
-        for name, t in tensors.items():
-            if name.endswith("self_attn.o_proj.weight"):
-                tensors[name] = (t * factor).contiguous()
-        save_file(tensors, str(f), metadata={"format": "pt"})
-    return folder

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import damp_attention
 from test_serve import ServerProcess, client  # noqa: F401
+from test_spec_decode import damp_attention
 
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 

@@ -255,3 +255,33 @@ def test_without_chunked_prefill_and_with_a_small_cache(models, engines):
     assert _ids(small, prompts, max_tokens=48) == _ids(base, prompts, max_tokens=48)
     assert small.core.scheduler.num_preemptions > 0
     assert _stats(small)[1] > 0
+
+
+def test_acceptance_totals_reach_the_metrics_once():
+    """The core's totals, summed over data-parallel replicas and sent step
+    after step (msgpack), count once in the server's vllm:spec_decode_*."""
+    import msgspec
+
+    from engine.core.messages import SchedulerStats
+    from engine.entrypoints.openai.metrics import Metrics
+    from engine.spec_decode.metrics import SpecDecodingStats, summed
+
+    a, b = SpecDecodingStats.for_tokens(3), SpecDecodingStats.for_tokens(3)
+    a.observe(3, 2)
+    b.observe(2, 0)
+    m = Metrics("tiny")
+    for _ in range(2):  # the same totals again: nothing new
+        stats = SchedulerStats(spec_decoding=summed([a, None, b]))
+        m.on_stats(msgspec.msgpack.decode(msgspec.msgpack.encode(stats), type=SchedulerStats))
+    a.observe(3, 3)
+    m.on_stats(SchedulerStats(spec_decoding=summed([a, b])))
+    text = m.render().decode()
+    for line in ('vllm:spec_decode_num_drafts_total{model_name="tiny"} 3.0',
+                 'vllm:spec_decode_num_draft_tokens_total{model_name="tiny"} 8.0',
+                 'vllm:spec_decode_num_accepted_tokens_total{model_name="tiny"} 5.0',
+                 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",'
+                 'position="1"} 2.0',
+                 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",'
+                 'position="2"} 1.0'):
+        assert line in text, line
+    assert summed([None, None]) is None

@@ -24,3 +24,18 @@ class SpecDecodingStats(msgspec.Struct, array_like=True, gc=False):
         self.num_accepted_tokens += num_accepted
         for i in range(num_accepted):
             self.num_accepted_tokens_per_pos[i] += 1
+
+
+def summed(stats: list[SpecDecodingStats | None]) -> SpecDecodingStats | None:
+    """Several engines' totals (data-parallel replicas) as one; None when
+    none speculates."""
+    given = [s for s in stats if s is not None]
+    if not given:
+        return None
+    per_pos = [0] * max(len(s.num_accepted_tokens_per_pos) for s in given)
+    for s in given:
+        for i, n in enumerate(s.num_accepted_tokens_per_pos):
+            per_pos[i] += n
+    return SpecDecodingStats(sum(s.num_drafts for s in given),
+                             sum(s.num_draft_tokens for s in given),
+                             sum(s.num_accepted_tokens for s in given), per_pos)

@@ -239,22 +239,49 @@ def test_seeded_sampling_and_unspeculated_requests(models, engines):
 
 
 def test_without_chunked_prefill_and_with_a_small_cache(models, engines):
-    """Whole-prompt steps then decodes (no chunked prefill), and a KV cache
-    of 6 blocks of 32 for 4 requests of ~90 tokens: drafts that would need a
-    block the cache lacks are dropped, sequences preempted and recomputed;
-    the greedy ids stay those of the plain engine."""
+    """A KV cache of 6 blocks of 32 for 4 requests of ~90 tokens, with and
+    without chunked prefill: sequences are preempted and recomputed (no
+    more often than without drafts), drafts are dropped where they would
+    need a block a decode needs, and the greedy ids stay those of the
+    plain engine."""
     from engine.entrypoints.llm import LLM
 
     model = models[1]
     base = engines[model, False]
     prompt = [5] + _ids(base, [[5]], max_tokens=40)[0] + [7, 8, 5]
     prompts = [prompt, prompt[3:], [9, 10] + prompt, prompt[:20]]
-    small = LLM(model, speculative_config=SPEC, **{**ENGINE, "num_kv_blocks": 6,
-                                                   "max_model_len": 192,
-                                                   "enable_chunked_prefill": False})
-    assert _ids(small, prompts, max_tokens=48) == _ids(base, prompts, max_tokens=48)
-    assert small.core.scheduler.num_preemptions > 0
-    assert _stats(small)[1] > 0
+    tight = {**ENGINE, "num_kv_blocks": 6, "max_model_len": 192}
+    for chunked in (False, True):
+        plain = LLM(model, **tight, enable_chunked_prefill=chunked)
+        small = LLM(model, speculative_config=SPEC, **tight, enable_chunked_prefill=chunked)
+        assert _ids(small, prompts, max_tokens=48) == _ids(base, prompts, max_tokens=48)
+        _ids(plain, prompts, max_tokens=48)
+        assert 0 < small.core.scheduler.num_preemptions <= plain.core.scheduler.num_preemptions
+        assert _stats(small)[1] > 0
+
+
+def test_drafts_never_take_the_block_a_decode_needs():
+    """Two decodes, one free block: the one with drafts would fill it and
+    preempt the other (its next token starts a block); its drafts wait."""
+    from engine.core.kv_cache_manager import BlockManager
+    from engine.core.scheduler import Scheduler
+    from engine.core.sequence import Sequence
+    from engine.spec_decode.metrics import SpecDecodingStats
+
+    sched = Scheduler(BlockManager(3, 16), max_num_seqs=4, max_num_batched_tokens=64,
+                      enable_chunked_prefill=True)
+    sched.spec_stats = SpecDecodingStats.for_tokens(4)
+    a, b = (Sequence(list(range(3, 3 + n)), SamplingParams(max_tokens=99)) for n in (15, 16))
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    sched.update_from_output(out, [1] * len(out.sampled))
+    assert sched.blocks.num_free == 1
+    a.spec_token_ids = [7, 7, 7, 7]  # positions 15-19: a's second block
+    out = sched.schedule()
+    assert out.preempted_req_ids == [] and out.num_scheduled_tokens == {a.request_id: 1,
+                                                                       b.request_id: 1}
+    assert a.spec_token_ids == []
 
 
 def test_acceptance_totals_reach_the_metrics_once():

@@ -80,6 +80,7 @@ class Scheduler:
         self._preempted: list[str] = []  # request ids, this step
         # with speculative decoding: acceptance totals (engine/spec_decode)
         self.spec_stats: SpecDecodingStats | None = None
+        self._draft_reserve = 0  # free blocks a step's drafts leave (its decodes' need)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -89,6 +90,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._preempted = []
+        if self.spec_stats is not None:  # drafts leave the running decodes' next blocks free
+            self._draft_reserve = self._decode_blocks()
         if self.enable_chunked_prefill:
             batch = self._schedule_chunked()
         else:
@@ -242,12 +245,13 @@ class Scheduler:
     def _fit_drafts(self, seq: Sequence, n: int) -> int:
         """A decode's tokens this step (n: its last token and drafts, or fewer
         when the budget is short): its drafts cut to them, and dropped when
-        their K/V would take a block the free list lacks (a draft never
-        preempts a sequence)."""
+        their K/V would take a block the running decodes need for their next
+        token (counted at the step's start): a draft never preempts a
+        sequence."""
         if not seq.spec_token_ids:
             return n
         del seq.spec_token_ids[max(n - 1, 0):]
-        if not self.blocks.can_allocate(seq, n):
+        if not self.blocks.can_allocate(seq, n, reserve=self._draft_reserve):
             seq.spec_token_ids = []
             return 1
         return n
@@ -294,9 +298,12 @@ class Scheduler:
         runs (a lone prompt may take the whole cache)."""
         if not self.running:
             return 0
+        return self.watermark_blocks + self._decode_blocks()
+
+    def _decode_blocks(self) -> int:
+        """Blocks the running sequences need for their next token."""
         blocks_for = self.blocks.blocks_for
-        return self.watermark_blocks + sum(
-            max(0, blocks_for(len(s) + 1) - len(s.block_table)) for s in self.running)
+        return sum(max(0, blocks_for(len(s) + 1) - len(s.block_table)) for s in self.running)
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.free_blocks(seq)

@@ -74,6 +74,43 @@ def test_find_draft_takes_the_longest_match_first():
     assert find_draft(np.array([5, 6, 5]), 1, 3, 4) == [6, 5]  # runs to the context's end
 
 
+def test_find_draft_equals_a_brute_force_search():
+    import random
+
+    def reference(ctx, lo, hi, k):  # every n-gram, longest first, each window in order
+        size = len(ctx)
+        for n in range(min(hi, size - 1), lo - 1, -1):
+            for i in range(size - n):
+                if list(ctx[i:i + n]) == list(ctx[size - n:]):
+                    return list(ctx[i + n:i + n + k])
+        return []
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        ctx = np.array([rng.randrange(4) for _ in range(rng.randrange(1, 40))])
+        lo = rng.randrange(1, 4)
+        hi, k = rng.randrange(lo, 6), rng.randrange(1, 6)
+        assert find_draft(ctx, lo, hi, k) == reference(ctx, lo, hi, k), (ctx.tolist(), lo, hi)
+
+
+def test_proposer_extends_its_arrays_and_forgets_finished_requests():
+    from engine.core.sequence import Sequence
+    from engine.spec_decode.ngram_proposer import NgramProposer
+
+    proposer = NgramProposer(SpeculativeConfig.parse(SPEC), max_model_len=2000)
+    filler = list(range(100, 400))  # past the array's first size (256)
+    a = Sequence([1, 2, 3, 4] + filler + [1], SamplingParams(max_tokens=1000))
+    a.num_computed_tokens = len(a) - 1
+    proposer.propose_for([a])
+    assert a.spec_token_ids == [2, 3, 4, 100]
+    a.token_ids += list(range(500, 1100)) + [2, 3, 9, 2]  # grown past it again
+    a.num_computed_tokens = len(a) - 1
+    proposer.propose_for([a])
+    assert a.spec_token_ids == [3, 4, 100, 101]  # "9 2" nowhere earlier: "2" first
+    proposer.propose_for([])
+    assert proposer._tokens == {}
+
+
 # ---- the rejection sampler --------------------------------------------------------
 
 def test_greedy_accepts_while_the_argmax_is_the_draft():

@@ -267,6 +267,7 @@ def test_seeded_sampling_and_unspeculated_requests(models, engines):
     assert outs[0] == outs[2] and all(len(o) == 12 for o in outs)
     plain = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     special = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=2),
+               SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, prompt_logprobs=1),
                SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
                               repetition_penalty=1.2)]
     for p in special:

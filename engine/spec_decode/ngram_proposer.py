@@ -6,7 +6,7 @@ output repeats its prompt (editing, summarizing, code) the drafts are often
 right, and one forward then gives several tokens."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -110,7 +110,8 @@ def _checkpoint_shapes(config: dict) -> dict:
         seen.add((name, part))
         shape = tuple(params[name].shape)
         shapes[key] = shape if part is None else (params[name].shard_sizes[part], *shape[1:])
-    return shapes
+    # drawn in the keys' order ("model." first): a seed keeps giving the same weights
+    return dict(sorted(shapes.items(), key=lambda kv: (not kv[0].startswith("model."), kv[0])))
 
 
 def _random(key: str, shape: tuple, gemma: bool, g, init_std: float):

@@ -127,6 +127,10 @@ def _serve_parser(sub) -> None:
                    "past it is answered 503 with Retry-After (default 1024)")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, instead of the model's")
+    # structured outputs, tool calling, reasoning (upstream's flags)
+    s.add_argument("--structured-outputs-config", default=None, metavar="JSON",
+                   help='the grammar backend: \'{"backend": "xgrammar"}\' (the default; '
+                   'also "disable_any_whitespace": true)')
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 

@@ -45,6 +45,8 @@ class EngineConfig:
     data_parallel_rank: int = 0  # this replica's (its ranks' CPUs come after the ones before)
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
+    # --structured-outputs-config, as given (engine.structured_output checks it)
+    structured_outputs_config: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -173,6 +175,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          enable_prefix_caching: bool | None = None,
                          data_parallel_size: int = 1, data_parallel_rank: int = 0,
                          pipeline_parallel_size: int = 1,
+                         structured_outputs_config: str | None = None,
                          ) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
@@ -202,10 +205,13 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend,
                                pipeline_parallel_size)
     check_data_parallel(data_parallel_size, data_parallel_rank, distributed_executor_backend)
+    from engine.structured_output import StructuredOutputsConfig
+
+    StructuredOutputsConfig.parse(structured_outputs_config)  # refused before the model loads
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix)
+                        prefix, structured_outputs_config)
 
 
 def check_data_parallel(dp: int, rank: int, backend: str | None) -> None:
@@ -256,7 +262,7 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching")
+                    "enable_prefix_caching", "structured_outputs_config")
 
 
 def cli_engine_args(args) -> dict:

@@ -62,7 +62,7 @@ DEGENERATE = [  # (body, status, words in the error)
     ({"prompt": "one", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"prompt": "one", "suffix": "x"}, 400, "suffix"),
     ({"prompt": "one", "use_beam_search": True}, 400, "use_beam_search"),
-    ({"prompt": "one", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"prompt": "one", "response_format": {"type": "yaml"}}, 400, "response_format"),
 ]
 
 

@@ -17,6 +17,9 @@ from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig, create_engine_config
 from engine.executor.select import make_executor
+from engine.structured_output import StructuredOutputManager, StructuredOutputsConfig
+
+COMPILE_POLL_S = 0.002  # a core with only compiling requests checks them this often
 
 
 class EngineCore:
@@ -33,6 +36,11 @@ class EngineCore:
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, tuple(c.model.eos_token_ids),
                                    c.max_model_len)
+        self.structured_output = StructuredOutputManager(
+            c.path, c.model.vocab_size, list(c.model.eos_token_ids),
+            StructuredOutputsConfig.parse(c.structured_outputs_config))
+        self.scheduler.structured_output = self.structured_output
+        self.compiling: list[Sequence] = []  # their grammar compiles; scheduled once it has
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[str] = []  # request ids of the step under way
         self.last_output: SchedulerOutput | None = None
@@ -52,13 +60,19 @@ class EngineCore:
             raise ValueError(f"request {req.request_id}: token ids must be in [0, {vocab})")
         seq = Sequence(ids, req.sampling_params, req.request_id, req.client_index)
         self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+        if req.sampling_params.structured_outputs is not None:
+            self.structured_output.grammar_init(seq)
+            self.compiling.append(seq)
+        else:
+            self.scheduler.add(seq)
 
     def abort_requests(self, request_ids) -> None:
         """Drop requests, waiting or running; their KV blocks are free on return."""
         for request_id in request_ids:
             seq = self.requests.pop(request_id, None)
-            if seq is not None:
+            if seq is not None and seq in self.compiling:
+                self.compiling.remove(seq)
+            elif seq is not None:
                 self.scheduler.abort(seq)
 
     def check_health(self) -> None:
@@ -66,7 +80,27 @@ class EngineCore:
         self.executor.check_health()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.compiling)
+
+    def _admit_compiled(self) -> tuple[list[str], str | None]:
+        """Schedule the requests whose grammar is ready; (those whose grammar
+        failed, and the first one's error line): they end here."""
+        failed: list[str] = []
+        failure = None
+        for seq in list(self.compiling):
+            ready = self.structured_output.ready(seq)
+            if ready is False:
+                continue
+            self.compiling.remove(seq)
+            if ready is True:
+                self.scheduler.add(seq)
+            elif failure is None or ready == failure:  # one line per step: others wait
+                failure = ready
+                failed.append(seq.request_id)
+                self.requests.pop(seq.request_id, None)
+            else:
+                self.compiling.insert(0, seq)
+        return failed, failure
 
     def step(self) -> EngineCoreOutputs:
         """Run one batch: each request that got a token has an output (a
@@ -74,19 +108,26 @@ class EngineCore:
         A batch that raises is run again a request at a time: those that
         raise again fail (failed_request_ids), the others go on. A step whose
         every request fails raises, leaving last_scheduled naming them."""
+        failed, failure = self._admit_compiled()
+        if not self.scheduler.has_work():  # only grammars compiling: nothing to run yet
+            self.last_output, self.last_scheduled = None, []
+            if not failed:
+                time.sleep(COMPILE_POLL_S)
+            return EngineCoreOutputs([], self.make_stats(), time.monotonic(),
+                                     failed_request_ids=failed, failure=failure)
         out = self.scheduler.schedule()
         self.last_output = out
         self.last_scheduled = [s.request_id for s in out.scheduled]
         if not out.scheduled:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
-        failed: list[str] = []
-        failure = None
+        grammar = self._grammar(out.sampled)
         try:
-            tokens = self.executor.execute_model(out.scheduled, out.is_prefill)
+            tokens = self.executor.execute_model(out.scheduled, out.is_prefill, **grammar)
         except Exception as exc:
             if len(out.scheduled) == 1 or isinstance(exc, RankDiedError):
                 raise
-            out, tokens, failed, failure = self._one_at_a_time(out, exc)
+            out, tokens, failed_here, failure_here = self._one_at_a_time(out, exc)
+            failed, failure = failed + failed_here, failure or failure_here
         finally:
             self.scheduler.copies_done()
         outputs = self.scheduler.update_from_output(out, tokens)
@@ -96,6 +137,11 @@ class EngineCore:
         return EngineCoreOutputs(outputs, self.make_stats(), time.monotonic(),
                                  failed_request_ids=failed, failure=failure)
 
+    def _grammar(self, sampled: list[Sequence]) -> dict:
+        """execute_model's bitmask argument: only for a batch with a grammar."""
+        bitmask = self.structured_output.grammar_bitmask(sampled)
+        return {} if bitmask is None else {"bitmask": bitmask}
+
     def _one_at_a_time(self, out: SchedulerOutput, exc: Exception):
         """(the step's output without the requests that raise alone, their
         tokens, those requests' ids, the first one's error line)."""
@@ -103,7 +149,8 @@ class EngineCore:
         bad: list[tuple[Sequence, Exception]] = []
         for seq in out.scheduled:
             try:
-                tokens[seq.request_id] = self.executor.execute_model([seq], out.is_prefill)
+                tokens[seq.request_id] = self.executor.execute_model(
+                    [seq], out.is_prefill, **self._grammar([seq] if seq.samples else []))
             except Exception as again:
                 if isinstance(again, RankDiedError):
                     raise

@@ -31,6 +31,7 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.messages import EngineCoreOutput
 from engine.core.sequence import RequestStatus, Sequence
 from engine.core.stop_checker import check_stop
+from engine.structured_output import StructuredOutputManager
 
 WATERMARK = 0.01  # of the cache's blocks, kept free by admission (upstream V0's default)
 
@@ -77,6 +78,7 @@ class Scheduler:
         self.prompt_tokens_cap: int | None = None
         self._copying: list[Sequence] = []  # admitted this step with a partial-block copy
         self._preempted: list[str] = []  # request ids, this step
+        self.structured_output: StructuredOutputManager | None = None  # the core sets it
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -109,6 +111,11 @@ class Scheduler:
         for seq, token in zip(out.sampled, tokens):
             seq.token_ids.append(token)
             status = check_stop(seq, token, self.eos_token_ids, max_len)
+            if seq.grammar is not None and self.structured_output is not None:
+                # a grammar that is complete, or (ignore_eos, min_tokens) refuses the
+                # only tokens left, ends the request: nothing more may follow
+                if not self.structured_output.accept(seq, token) and status is None:
+                    status = RequestStatus.FINISHED_STOPPED
             o = EngineCoreOutput(seq.request_id, [token])
             if seq.params.logprobs is not None:
                 o.new_logprobs = seq.logprobs[-1:]

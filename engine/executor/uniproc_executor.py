@@ -23,9 +23,11 @@ class UniProcExecutor:
         self.runner = build_runner(config, blocks)
         self.model, self.linear_mode = self.runner.model, self.runner.linear_mode
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        """One token per sequence, sampled from the batch's logits."""
-        return self.runner.run(seqs, is_prefill)
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool,
+                      bitmask=None) -> list[int]:
+        """One token per sequence, sampled from the batch's logits; bitmask: a
+        Future of the sampled rows' grammar bitmask (structured outputs), or None."""
+        return self.runner.run(seqs, is_prefill, bitmask)
 
     def check_health(self) -> None:
         """Raises when a part of the executor has died (never, in one process)."""

@@ -74,10 +74,10 @@ class ModelRunner:
                 _commit(caches, False)
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+    def run(self, seqs: list[Sequence], is_prefill: bool, bitmask=None) -> list[int]:
         logits = self.execute(self.prepare(seqs, is_prefill))
         assert logits is not None, "one process, one pipeline stage: its logits"
-        return sample_step(logits, seqs, self.model.config.eos_token_ids)
+        return sample_step(logits, seqs, self.model.config.eos_token_ids, bitmask)
 
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
         return prepare_inputs(self.blocks, self.device, seqs, is_prefill)
@@ -143,12 +143,15 @@ class StepInputs:
     kv_copies: list[tuple[int, int, int]]
 
 
-def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> list[int]:
+def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids,
+                bitmask=None) -> list[int]:
     """The tokens of the sequences that sample this step. logits: per
     sequence in order, the rows of its prompt_logprob_positions (scored
-    here), then its sampling row if it samples."""
+    here), then its sampling row if it samples. bitmask: a Future of the
+    grammar bitmask of the sampling rows (filled while the forward ran)."""
+    mask = bitmask.result() if bitmask is not None else None
     if not any(s.params.prompt_logprobs is not None for s in seqs):
-        return sample(logits, [s for s in seqs if s.samples], eos_token_ids)
+        return sample(logits, [s for s in seqs if s.samples], eos_token_ids, mask)
     row, sampling = 0, []
     for s in seqs:
         positions = s.prompt_logprob_positions
@@ -158,7 +161,7 @@ def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> li
         if s.samples:
             sampling.append(row)
             row += 1
-    return sample(logits[sampling], [s for s in seqs if s.samples], eos_token_ids)
+    return sample(logits[sampling], [s for s in seqs if s.samples], eos_token_ids, mask)
 
 
 def record_prompt_logprobs(logits: torch.Tensor, seq: Sequence, positions: range) -> None:

@@ -50,6 +50,9 @@ def serve(args) -> int:
     from engine.entrypoints.openai.stream_pacer import parse_interval
 
     parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
+    from engine.structured_output import StructuredOutputsConfig
+
+    StructuredOutputsConfig.parse(args.structured_outputs_config)
     count = getattr(args, "api_server_count", 1)
     listener = _listen(args.host, args.port)  # a busy port, too, before minutes of loading
     if listener is None:

@@ -13,8 +13,9 @@ from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       check_prompt_fits,
                                                       check_request,
-                                                      error_response, full_answer,
-                                                      make_sequences, run, run_to_end, sse,
+                                                      failure_response, full_answer,
+                                                      make_sequences, output_constraint,
+                                                      run, run_to_end, sse,
                                                       unless_disconnected, usage,
                                                       usage_per_chunk, wants_usage)
 
@@ -54,8 +55,9 @@ async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
     # as transformers' apply_chat_template(tokenize=True): the template
     # already wrote the special tokens it wants
     ids = await state.llm.tokenize(text, add_special_tokens=False)
+    constraint = await output_constraint(body)
     return name, await make_sequences(state, body, ids, 0, body.max_new_tokens(),
-                                      lambda n: state.max_model_len - n)
+                                      lambda n: state.max_model_len - n, constraint)
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict]:
@@ -87,7 +89,7 @@ def _logprobs(state, ids, entries):
 async def _full(state: ServerState, seqs, name: str):
     dead = await run_to_end(state, seqs)
     if dead is not None:
-        return error_response(500, dead)
+        return failure_response(dead)
     choices = [{"index": i, "message": {"role": "assistant",
                                         "content": s.text},
                 "logprobs": _logprobs(state, s.output_token_ids,

@@ -80,7 +80,7 @@ def test_degenerate_completions_never_stop_the_server(server, body, status, need
 @pytest.mark.parametrize("body, needle", [
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs may not set messages"),
     ({"max_completion_tokens": 10**6}, "exceeds the model's context"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "--enable-auto-tool-choice"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"top_logprobs": 2}, "top_logprobs: only with logprobs"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),

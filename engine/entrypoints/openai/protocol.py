@@ -177,14 +177,14 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict | None = None
-    tools: list | None = None
-    tool_choice: object = None
+    tools: list[dict] | None = None
+    tool_choice: StrictStr | dict | None = None  # None: auto with tools, else none
+    parallel_tool_calls: StrictBool | None = True
 
     def refused(self) -> dict:
-        return {"tools": None, "functions": None, "function_call": None, "echo": False,
+        return {"functions": None, "function_call": None, "echo": False,
                 "continue_final_message": False, "chat_template": None, "documents": None,
-                "audio": None, "prediction": None,
-                "tool_choice": None if self.tool_choice != "none" else "none"}
+                "audio": None, "prediction": None}
 
     def check(self) -> None:
         super().check()

@@ -42,6 +42,20 @@ class _Front:
         self.template = chat_utils.load_template(self.path, args.chat_template)
         self.special_tokens = chat_utils.special_tokens(self.path)
         self.max_tok_bytes = max_token_bytes(self.tokenizer)
+        tool_calls(args)
+
+
+def tool_calls(args) -> None:
+    """--tool-parser-plugin runs (in every API server process) and
+    --tool-call-parser names a parser; ValueError in one line otherwise."""
+    from engine.entrypoints.openai.tool_parsers import get_tool_parser, import_tool_parser
+
+    if args.tool_parser_plugin:
+        import_tool_parser(args.tool_parser_plugin)
+    if args.tool_call_parser:
+        get_tool_parser(args.tool_call_parser)
+    elif args.enable_auto_tool_choice:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME")
 
 
 def serve(args) -> int:
@@ -53,6 +67,7 @@ def serve(args) -> int:
     from engine.structured_output import StructuredOutputsConfig
 
     StructuredOutputsConfig.parse(args.structured_outputs_config)
+    tool_calls(args)
     count = getattr(args, "api_server_count", 1)
     listener = _listen(args.host, args.port)  # a busy port, too, before minutes of loading
     if listener is None:
@@ -103,7 +118,9 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         max_model_len=ready.max_model_len, created=int(time.time()),
                         max_body_bytes=args.max_request_body_bytes or
                         default_max_body_bytes(ready.max_model_len),
-                        max_tok_bytes=front.max_tok_bytes)
+                        max_tok_bytes=front.max_tok_bytes,
+                        tool_call_parser=args.tool_call_parser,
+                        enable_auto_tool_choice=args.enable_auto_tool_choice)
     if front.template is None and client.client_index == 0:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)

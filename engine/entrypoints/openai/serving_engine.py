@@ -73,6 +73,9 @@ class ServerState:
     created: int
     max_body_bytes: int | None = None  # a larger body is a 413 (None: no bound)
     max_tok_bytes: int | None = None  # the tokenizer's longest token, in UTF-8 bytes
+    # tool calling (--tool-call-parser, --enable-auto-tool-choice)
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
 
 def failure_response(line: str) -> JSONResponse:
@@ -111,10 +114,12 @@ def check_request(state: ServerState, body: _Sampling) -> str:
     return body.model or state.model_names[0]
 
 
-async def output_constraint(body: _Sampling) -> StructuredOutputsParams | None:
-    """The request's structured output, checked (a 400 naming its field), or None."""
+async def output_constraint(body: _Sampling, given: tuple | None = None
+                            ) -> StructuredOutputsParams | None:
+    """The request's structured output (given: (params, field) made for it, as
+    tool_choice required makes), checked (a 400 naming its field), or None."""
     try:
-        found = structured_outputs.from_request(body)
+        found = given or structured_outputs.from_request(body)
         if found is not None:
             await structured_outputs.check(*found)
     except StructuredOutputError as exc:

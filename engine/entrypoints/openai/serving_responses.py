@@ -88,7 +88,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
         first = exc.errors()[0]
         raise APIError(400, f"input: {first.get('msg', 'invalid')}", "input") from None
     try:
-        name, seqs = await chat_sequences(state, chat)
+        name, seqs, _ = await chat_sequences(state, chat)
     except APIError as exc:  # the schema's faults, named where this API takes it
         if exc.param == "response_format":
             exc.param, exc.message = "text.format", exc.message.replace("response_format",

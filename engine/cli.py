@@ -140,6 +140,9 @@ def _serve_parser(sub) -> None:
     s.add_argument("--tool-parser-plugin", default=None, metavar="FILE",
                    help="a Python file registering a tool parser "
                    "(@ToolParserManager.register_module(NAME))")
+    s.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="split a thinking model's answer into reasoning_content and content: "
+                   "deepseek_r1, qwen3")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 

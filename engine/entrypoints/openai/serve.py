@@ -46,8 +46,9 @@ class _Front:
 
 
 def tool_calls(args) -> None:
-    """--tool-parser-plugin runs (in every API server process) and
-    --tool-call-parser names a parser; ValueError in one line otherwise."""
+    """--tool-parser-plugin runs (in every API server process), and
+    --tool-call-parser and --reasoning-parser name parsers; ValueError in one
+    line otherwise."""
     from engine.entrypoints.openai.tool_parsers import get_tool_parser, import_tool_parser
 
     if args.tool_parser_plugin:
@@ -56,6 +57,10 @@ def tool_calls(args) -> None:
         get_tool_parser(args.tool_call_parser)
     elif args.enable_auto_tool_choice:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if args.reasoning_parser:
+        from engine.reasoning import get_reasoning_parser
+
+        get_reasoning_parser(args.reasoning_parser)
 
 
 def serve(args) -> int:
@@ -120,7 +125,8 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         default_max_body_bytes(ready.max_model_len),
                         max_tok_bytes=front.max_tok_bytes,
                         tool_call_parser=args.tool_call_parser,
-                        enable_auto_tool_choice=args.enable_auto_tool_choice)
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        reasoning_parser=args.reasoning_parser)
     if front.template is None and client.client_index == 0:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)

@@ -20,6 +20,7 @@ from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerSt
                                                       run, run_to_end, sse,
                                                       unless_disconnected, usage,
                                                       usage_per_chunk, wants_usage)
+from engine.reasoning import ReasoningParser, ReasoningStream, get_reasoning_parser
 
 # the template's own arguments: chat_template_kwargs may not name them
 RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
@@ -64,6 +65,10 @@ async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
     # already wrote the special tokens it wants
     ids = await state.llm.tokenize(text, add_special_tokens=False)
     constraint = await output_constraint(body, tools.constraint())
+    reasoner = _reasoner(state)
+    if constraint is not None and reasoner is not None:  # the core constrains after it
+        constraint.reasoning_end = await state.llm.tokenize(reasoner.end_token,
+                                                            add_special_tokens=False)
     return name, await make_sequences(state, body, ids, 0, body.max_new_tokens(),
                                       lambda n: state.max_model_len - n, constraint), tools
 
@@ -92,6 +97,17 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def _reasoner(state: ServerState) -> ReasoningParser | None:
+    return get_reasoning_parser(state.reasoning_parser)() if state.reasoning_parser else None
+
+
+def _with_reasoning(message: dict, reasoning: str | None, content: str | None) -> dict:
+    """vLLM's reasoning_content (and its newer name, reasoning) beside the content."""
+    if content is None and not message.get("tool_calls"):
+        message["content"] = None
+    return {**message, "reasoning_content": reasoning, "reasoning": reasoning}
+
+
 def _with_dict_arguments(call, i: int):
     f = call.get("function") if isinstance(call, dict) else None
     if not isinstance(f, dict) or not isinstance(f.get("arguments"), str):
@@ -112,9 +128,12 @@ async def _full(state: ServerState, seqs, name: str, tools: ToolMode):
     dead = await run_to_end(state, seqs)
     if dead is not None:
         return failure_response(dead)
-    choices = []
+    choices, reasoner = [], _reasoner(state)
     for i, s in enumerate(seqs):
-        message, finish = tools.message(s.text, s.finish_reason)
+        reasoning, content = reasoner.extract(s.text) if reasoner else (None, s.text)
+        message, finish = tools.message(content or "", s.finish_reason)
+        if reasoner is not None:
+            message = _with_reasoning(message, reasoning, content)
         choices.append({"index": i, "message": message,
                         "logprobs": _logprobs(state, s.output_token_ids, s.logprobs
                                               if s.params.logprobs is not None else None),
@@ -131,10 +150,17 @@ async def _stream(state: ServerState, seqs, name: str, body, tools: ToolMode):
     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                   "finish_reason": None} for i in range(len(seqs))], live_usage())
     streams = [ToolStream(tools) for _ in seqs]
+    reasoner = _reasoner(state)
+    thoughts = [ReasoningStream(reasoner) for _ in seqs] if reasoner is not None else None
     called = [False] * len(seqs)
     async for i, update in run(state, seqs):
         finish = update.finish_reason
-        deltas = streams[i].deltas(update.text, finish is not None)
+        thought, text = "", update.text
+        if thoughts is not None:
+            thought, text = thoughts[i].feed(update.text, finish is not None)
+        deltas = streams[i].deltas(text, finish is not None)
+        if thought:
+            deltas.insert(0, {"reasoning_content": thought, "reasoning": thought})
         called[i] = called[i] or any("tool_calls" in d for d in deltas)
         if finish is not None:
             _, finish = tools.message(streams[i].text, finish) if called[i] else (None, finish)

@@ -73,9 +73,11 @@ class ServerState:
     created: int
     max_body_bytes: int | None = None  # a larger body is a 413 (None: no bound)
     max_tok_bytes: int | None = None  # the tokenizer's longest token, in UTF-8 bytes
-    # tool calling (--tool-call-parser, --enable-auto-tool-choice)
+    # tool calling and reasoning (--tool-call-parser, --enable-auto-tool-choice,
+    # --reasoning-parser): parser names
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
 
 
 def failure_response(line: str) -> JSONResponse:

@@ -126,13 +126,7 @@ class StructuredOutputManager:
             return None
         backend = self._get_backend()
 
-        def fill():
-            bitmask = backend.allocate_bitmask(len(seqs))
-            for i, grammar in rows:
-                grammar.fill_bitmask(bitmask, i)
-            return bitmask
-
-        return self._fills.submit(fill)
+        return self._fills.submit(backend.bitmask, len(seqs), rows)
 
     def accept(self, seq, token: int) -> bool:
         """Advance seq's matcher by its sampled token (after its reasoning);

@@ -29,10 +29,20 @@ def check_spec(p: StructuredOutputsParams, field: str) -> None:
     """ValueError naming `field` when the constraint cannot be built (a bad
     schema, regex, grammar or tag): the grammar is built and thrown away."""
     kind, text = p.kind()
+    error = _build_error(kind, text, p.disable_any_whitespace)
+    if error is not None:
+        raise ValueError(f"{field}: the {NAMES[kind]} is not valid: {error}")
+
+
+@lru_cache(maxsize=256)
+def _build_error(kind: str, text: str, disable_any_whitespace: bool) -> str | None:
+    """Why the constraint does not build (None: it does); a client's schema is
+    usually the same request after request, and is built once."""
     try:
-        _grammar(kind, text, p.disable_any_whitespace)
+        _grammar(kind, text, disable_any_whitespace)
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError/its own
-        raise ValueError(f"{field}: the {NAMES[kind]} is not valid: {error_line(exc)}") from None
+        return error_line(exc)
+    return None
 
 
 def _grammar(kind: str, text: str, disable_any_whitespace: bool):
@@ -83,6 +93,7 @@ class XgrammarBackend:
         self.compiler = xgr.GrammarCompiler(_tokenizer_info(tokenizer_dir, vocab_size,
                                                             tuple(stop_token_ids)),
                                             max_threads=2)
+        self._batch: Any = None  # xgrammar's BatchGrammarMatcher, made on first use
 
     def compile(self, p: StructuredOutputsParams):
         kind, text = p.kind()
@@ -98,10 +109,16 @@ class XgrammarBackend:
     def matcher(self, compiled) -> XgrammarGrammar:
         return XgrammarGrammar(compiled, self.stop_token_ids)
 
-    def allocate_bitmask(self, rows: int):
+    def bitmask(self, rows: int, grammars: list[tuple[int, XgrammarGrammar]]):
+        """The batch's bitmask: each (row, grammar)'s allowed tokens, other rows all ones."""
         import xgrammar as xgr
 
-        return xgr.allocate_token_bitmask(rows, self.vocab_size)
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher(max_threads=1)
+        bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
+        self._batch.batch_fill_next_token_bitmask([g.matcher for _, g in grammars], bitmask,
+                                                  [i for i, _ in grammars])
+        return bitmask
 
 
 class XgrammarGrammar:
@@ -114,9 +131,6 @@ class XgrammarGrammar:
 
     def accept_token(self, token: int) -> bool:
         return bool(self.matcher.accept_token(token))
-
-    def fill_bitmask(self, bitmask, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def is_terminated(self) -> bool:
         return bool(self.matcher.is_terminated())

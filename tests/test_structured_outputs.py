@@ -9,7 +9,7 @@ import re
 from typing import Literal
 
 import pytest
-from test_serve import ServerProcess, client, tiny_model  # noqa: F401
+from test_serve import client, tiny_model  # noqa: F401
 
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 pytest.importorskip("xgrammar", reason="a runtime requirement (requirements/common.txt)")
@@ -26,12 +26,9 @@ class Person(BaseModel):
     tags: list[Literal["x", "y"]] = Field(max_length=3)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):  # noqa: F811 - the fixture above
-    s = ServerProcess(tiny_model, "--served-model-name", "tiny",
-                      "--structured-outputs-config", '{"backend": "xgrammar"}')
-    yield s
-    s.close()
+@pytest.fixture
+def server(agent_server):  # one server with tests/test_tool_calls.py (conftest)
+    return agent_server
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Tool calling against `engine serve` on the tiny random model, with the real
 OpenAI SDK and LangChain: tool_choice required and named hold on random
 weights (structured outputs make the answer calls), auto reads the model's
-text with the --tool-call-parser (a plugin's here, a hermes subclass), each
+text with the --tool-call-parser (a plugin's here, a hermes subclass: the
+server is conftest's agent_server), each
 whole and streamed; histories with tool calls and tool results are taken."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from typing import Literal
 
 import pytest
-from test_serve import ServerProcess, client, tiny_model  # noqa: F401
+from test_serve import client
 
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 jsonschema = pytest.importorskip("jsonschema", reason="a dev requirement (requirements/dev.txt)")
@@ -17,24 +18,6 @@ pytest.importorskip("xgrammar", reason="a runtime requirement (requirements/comm
 from pydantic import BaseModel, Field  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-# ChatML that shows the model its tools, and the calls and results of earlier turns
-TEMPLATE = (
-    "{{ bos_token }}{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n"
-    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
-    "{% for c in m.get('tool_calls') or [] %}<tool_call>{{ {'name': c['function']['name'], "
-    "'arguments': c['function']['arguments']} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-PLUGIN = """
-from engine.entrypoints.openai.tool_parsers import ToolParserManager
-from engine.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
-
-
-@ToolParserManager.register_module("my_hermes")
-class MyHermes(Hermes2ProToolParser):
-    pass
-"""
-
 
 class Weather(BaseModel):
     city: Literal["Paris", "Oslo", "Lima"]
@@ -57,16 +40,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SAMPLED = {"temperature": 1.0, "seed": 3}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):  # noqa: F811 - the fixture above
-    d = tmp_path_factory.mktemp("tools")
-    (d / "t.jinja").write_text(TEMPLATE)
-    (d / "plugin.py").write_text(PLUGIN)
-    s = ServerProcess(tiny_model, "--served-model-name", "tiny", "--chat-template",
-                      str(d / "t.jinja"), "--enable-auto-tool-choice", "--tool-call-parser",
-                      "my_hermes", "--tool-parser-plugin", str(d / "plugin.py"))
-    yield s
-    s.close()
+@pytest.fixture
+def server(agent_server):  # one server with tests/test_structured_outputs.py (conftest)
+    return agent_server
 
 
 def _valid(call) -> None:

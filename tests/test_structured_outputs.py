@@ -103,6 +103,8 @@ def test_json_object_schema_fields_and_streaming(server):
     ({"structured_outputs": {"regex": "a", "backend": "outlines"}}, "structured_outputs",
      "outlines"),
     ({"guided_choice": []}, "guided_choice", "list of strings"),
+    ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs",
+     "whitespace_pattern"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}},
      "response_format", "nope"),
     ({"response_format": {"type": "yaml"}}, "response_format", "yaml"),

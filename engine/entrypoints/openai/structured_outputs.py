@@ -89,6 +89,9 @@ def _from_fields(given, field: str) -> StructuredOutputsParams:
     if unknown:
         raise StructuredOutputError(field, f"{field}: unknown key {unknown[0]!r}; use one of "
                                     f"{', '.join(_FIELDS)}")
+    if given.get("whitespace_pattern") is not None:  # outlines' option; xgrammar has none
+        raise StructuredOutputError(field, f"{field}: whitespace_pattern is not supported by "
+                                    "xgrammar; use disable_any_whitespace")
     backend = given.get("backend")
     if backend not in (None, "auto", "xgrammar"):
         raise StructuredOutputError(field, f"{field}: backend {backend!r} is not available; "

@@ -1,5 +1,5 @@
 """Tool calling against `engine serve` on the tiny random model, with the real
-OpenAI SDK and LangChain: tool_choice required and named hold on random
+OpenAI SDK, LangChain and litellm: tool_choice required and named hold on random
 weights (structured outputs make the answer calls), auto reads the model's
 text with the --tool-call-parser (a plugin's here, a hermes subclass: the
 server is conftest's agent_server), each
@@ -189,3 +189,16 @@ def test_langchain_two_tool_rounds_and_structured_output(server):
 
     got = llm.with_structured_output(City).invoke("A city, please.")
     assert isinstance(got, City)
+
+
+def test_litellm_tool_calls_and_structured_output(server, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
+    litellm = pytest.importorskip("litellm", reason="a dev requirement (requirements/dev.txt)")
+    common = {"model": "openai/tiny", "api_base": server.url + "/v1", "api_key": "none",
+              "messages": ASK, "max_tokens": 120, **SAMPLED}
+    r = litellm.completion(tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                           **common)
+    (call,) = r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    r = litellm.completion(response_format=Weather, **common)
+    Weather.model_validate_json(r.choices[0].message.content)

@@ -109,7 +109,9 @@ class EngineCore:
         raise again fail (failed_request_ids), the others go on. A step whose
         every request fails raises, leaving last_scheduled naming them."""
         failed, failure = self._admit_compiled()
-        if not self.scheduler.has_work():  # only grammars compiling: nothing to run yet
+        if failed or not self.scheduler.has_work():
+            # grammars that failed are told now (a step that raised would lose them);
+            # with only grammars compiling there is nothing to run yet
             self.last_output, self.last_scheduled = None, []
             if not failed:
                 time.sleep(COMPILE_POLL_S)
@@ -126,8 +128,7 @@ class EngineCore:
         except Exception as exc:
             if len(out.scheduled) == 1 or isinstance(exc, RankDiedError):
                 raise
-            out, tokens, failed_here, failure_here = self._one_at_a_time(out, exc)
-            failed, failure = failed + failed_here, failure or failure_here
+            out, tokens, failed, failure = self._one_at_a_time(out, exc)
         finally:
             self.scheduler.copies_done()
         outputs = self.scheduler.update_from_output(out, tokens)

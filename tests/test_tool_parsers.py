@@ -7,8 +7,7 @@ import json
 import pytest
 from test_serve import tiny_model  # noqa: F401
 
-from engine.entrypoints.openai.tool_parsers import (ToolParser, get_tool_parser,
-                                                    import_tool_parser)
+from engine.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser, import_tool_parser
 
 WEATHER = {"name": "get_current_weather", "arguments": {"city": "Dallas", "state": "TX",
                                                        "unit": "fahrenheit"}}

@@ -6,7 +6,7 @@ tag's token ids also tell the engine core where a structured output begins
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 _BUILTIN = {"deepseek_r1": "deepseek_r1_reasoning_parser", "qwen3": "qwen3_reasoning_parser"}
 

@@ -9,9 +9,11 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ExtractedToolCalls,
-                                                                          ToolParser,
-                                                                          ToolParserManager)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ExtractedToolCalls,
+    ToolParser,
+    ToolParserManager,
+)
 
 # name -> the module that registers it (imported on first use)
 _BUILTIN = {"hermes": "hermes_tool_parser", "llama3_json": "llama_tool_parser",

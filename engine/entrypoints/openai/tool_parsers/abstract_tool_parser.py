@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 def tool_call(name: str, arguments, call_id: str | None = None) -> dict:

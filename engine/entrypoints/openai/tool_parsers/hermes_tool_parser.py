@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ExtractedToolCalls,
-                                                                          ToolParser,
-                                                                          ToolParserManager,
-                                                                          tool_call)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ExtractedToolCalls,
+    ToolParser,
+    ToolParserManager,
+    tool_call,
+)
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 

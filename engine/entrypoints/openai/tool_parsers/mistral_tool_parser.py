@@ -7,10 +7,12 @@ import json
 import secrets
 import string
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ExtractedToolCalls,
-                                                                          ToolParser,
-                                                                          ToolParserManager,
-                                                                          tool_call)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ExtractedToolCalls,
+    ToolParser,
+    ToolParserManager,
+    tool_call,
+)
 
 _ALNUM = string.ascii_letters + string.digits
 

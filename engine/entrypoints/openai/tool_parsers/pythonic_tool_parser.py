@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ast
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ExtractedToolCalls,
-                                                                          ToolParser,
-                                                                          ToolParserManager,
-                                                                          tool_call)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ExtractedToolCalls,
+    ToolParser,
+    ToolParserManager,
+    tool_call,
+)
 
 START, END = "<|python_start|>", "<|python_end|>"
 

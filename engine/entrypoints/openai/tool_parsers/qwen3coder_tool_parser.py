@@ -8,10 +8,12 @@ import ast
 import json
 import re
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ExtractedToolCalls,
-                                                                          ToolParser,
-                                                                          ToolParserManager,
-                                                                          tool_call)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ExtractedToolCalls,
+    ToolParser,
+    ToolParserManager,
+    tool_call,
+)
 
 _FUNCTION = re.compile(r"<function=(.*?)>(.*?)(?:</function>|$)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=(.*?)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)

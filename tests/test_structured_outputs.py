@@ -181,3 +181,32 @@ def test_the_sampler_masks_what_the_bitmask_forbids():
     out = apply_grammar_bitmask(logits, mask)
     assert torch.isfinite(out[0]).all()
     assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [37]
+
+
+def test_constrained_requests_decode_undrafted_beside_speculation(tiny_model):  # noqa: F811
+    """With ngram speculation on, a constrained request is never drafted (its
+    bitmask has one row a step; drafted, its output broke the regex) while a
+    plain one beside it still is."""
+    from tokenizers import Tokenizer
+
+    from engine.core.engine_core import EngineCore
+    from engine.core.messages import EngineCoreRequest
+    from engine.sampling_params import SamplingParams, StructuredOutputsParams
+
+    core = EngineCore(tiny_model, "float32", block_size=32, num_kv_blocks=32, max_model_len=256,
+                      bind_threads=False, speculative_config={
+                          "method": "ngram", "num_speculative_tokens": 3,
+                          "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    regex = "(ab|cd){3,6}"
+    repeat = [40, 41, 42, 40, 41, 42, 40, 41, 42, 40, 41]  # a prompt the drafter can match
+    core.add_request(EngineCoreRequest("c", repeat, SamplingParams(
+        temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex=regex))))
+    core.add_request(EngineCoreRequest("p", repeat, SamplingParams(temperature=0, max_tokens=20,
+                                                                   ignore_eos=True)))
+    tokens: dict[str, list[int]] = {}
+    while core.has_unfinished():
+        for o in core.step().outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+    text = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).decode(tokens["c"])
+    assert re.fullmatch(regex, text), text  # a drafted constrained request broke it
+    assert core.scheduler.spec_stats.num_drafts > 0 and len(tokens["p"]) == 20

@@ -110,6 +110,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
+    from engine.core import cpu_share
     from engine.entrypoints.openai import connection_limits
 
     names = args.served_model_name or [args.model]
@@ -127,7 +128,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         tool_call_parser=args.tool_call_parser,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         reasoning_parser=args.reasoning_parser)
-    if front.template is None and client.client_index == 0:
+    if front.template is None and client.client_index == 0 and not ready.pooling_tasks:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)
     app = build_app(state)
@@ -139,6 +140,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()
     gc.freeze()
+    cpu_share.attach(client.core.addresses.cpu_share, client.client_index)
     fds = connection_limits.raise_fd_limit()
     logging.getLogger("asyncio").addFilter(connection_limits.AcceptErrorsOncePerSecond())
     config = uvicorn.Config(app, host=args.host, port=args.port,

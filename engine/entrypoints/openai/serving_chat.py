@@ -2,11 +2,11 @@
 the assistant's answer whole or streamed."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 from fastapi import Request
 
+from engine.core import cpu_share
 from engine.core.input_processor import check_unicode
 from engine.entrypoints import chat_utils
 from engine.entrypoints.openai.chat_tools import ToolError, ToolMode, ToolStream, check_tools
@@ -54,7 +54,7 @@ async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
                        f"as the request's own fields", "chat_template_kwargs")
     messages, template = _messages(body), state.chat_template
     try:  # in a worker thread, bounded in time and size (chat_utils): templates are code
-        text = await asyncio.get_running_loop().run_in_executor(None, lambda: chat_utils.render(
+        text = await cpu_share.in_thread(lambda: chat_utils.render(
             template, messages, add_generation_prompt=body.add_generation_prompt,
             tokens={**state.special_tokens, **kwargs}, tools=body.tools or None,
             documents=None))

@@ -162,6 +162,22 @@ def _serve_parser(sub) -> None:
                    "past it is answered 503 with Retry-After (default 1024)")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, instead of the model's")
+    # structured outputs, tool calling, reasoning (upstream's flags)
+    s.add_argument("--structured-outputs-config", default=None, metavar="JSON",
+                   help='the grammar backend: \'{"backend": "xgrammar"}\' (the default; '
+                   'also "disable_any_whitespace": true)')
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='tool_choice "auto": the model decides, --tool-call-parser reads its calls')
+    s.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="how the model writes tool calls: hermes, llama3_json, llama4_json, "
+                   "mistral, qwen3_coder, qwen3_xml, pythonic, or one --tool-parser-plugin "
+                   "registers")
+    s.add_argument("--tool-parser-plugin", default=None, metavar="FILE",
+                   help="a Python file registering a tool parser "
+                   "(@ToolParserManager.register_module(NAME))")
+    s.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="split a thinking model's answer into reasoning_content and content: "
+                   "deepseek_r1, qwen3")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 

@@ -50,6 +50,8 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     # --runner pooling (engine.pooler_config): how it pools; None: it generates
     pooler: PoolerConfig | None = None
+    # --structured-outputs-config, as given (engine.structured_output checks it)
+    structured_outputs_config: str | None = None
 
     @property
     def runner(self) -> str:
@@ -184,6 +186,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          pipeline_parallel_size: int = 1, runner: str = "auto",
                          convert: str = "auto",
                          speculative_config: str | dict | SpeculativeConfig | None = None,
+                         structured_outputs_config: str | None = None,
                          ) -> EngineConfig:
     spec = SpeculativeConfig.parse(speculative_config)  # before the model: fails fast
     path = resolve_model(model)
@@ -222,10 +225,13 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend,
                                pipeline_parallel_size)
     check_data_parallel(data_parallel_size, data_parallel_rank, distributed_executor_backend)
+    from engine.structured_output import StructuredOutputsConfig
+
+    StructuredOutputsConfig.parse(structured_outputs_config)  # refused before the model loads
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix, spec)
+                        prefix, spec, structured_outputs_config=structured_outputs_config)
 
 
 def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,
@@ -297,7 +303,8 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching", "runner", "convert", "speculative_config")
+                    "enable_prefix_caching", "runner", "convert", "speculative_config",
+                    "structured_outputs_config")
 
 
 def cli_engine_args(args) -> dict:

@@ -241,3 +241,32 @@ def ray_address(env: Mapping[str, str] | None = None) -> str | None:
     """RAY_ADDRESS: the Ray cluster (host:port) distributed_executor_backend="ray"
     places ranks on; unset: the cluster Ray finds on this machine, or a new one."""
     return _env(env).get("RAY_ADDRESS", "").strip() or None
+
+
+def structured_outputs_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """VLLM_STRUCTURED_OUTPUTS_TIMEOUT_S: the longest a request's grammar (a JSON
+    schema, regex, EBNF grammar) may take to build in the API server, and again
+    to compile in the engine core, before the request is refused (400) naming
+    its field (default 10 seconds)."""
+    env = _env(env)
+    raw = env.get("VLLM_STRUCTURED_OUTPUTS_TIMEOUT_S", "").strip()
+    try:
+        value = float(raw) if raw else 10.0
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise EnvError(f"VLLM_STRUCTURED_OUTPUTS_TIMEOUT_S={raw!r} must be a positive number "
+                       "of seconds")
+    return value
+
+
+def structured_outputs_max_bytes(env: Mapping[str, str] | None = None) -> int:
+    """VLLM_STRUCTURED_OUTPUTS_MAX_BYTES: the largest constraint a request may
+    carry (a JSON schema, regex, grammar, choices or the tools' schemas, in
+    UTF-8 bytes); a larger one is a 400 naming its field (default 256 KiB)."""
+    env = _env(env)
+    raw = env.get("VLLM_STRUCTURED_OUTPUTS_MAX_BYTES", "").strip()
+    if raw and not raw.isdigit():
+        raise EnvError(f"VLLM_STRUCTURED_OUTPUTS_MAX_BYTES={raw!r} must be a number of "
+                       "bytes")
+    return int(raw) if raw else 256 * 1024

@@ -21,6 +21,9 @@ from engine.executor.select import make_executor
 from engine.pooling_params import NO_SAMPLING
 from engine.spec_decode.metrics import SpecDecodingStats
 from engine.spec_decode.ngram_proposer import NgramProposer
+from engine.structured_output import StructuredOutputManager, StructuredOutputsConfig
+
+COMPILE_POLL_S = 0.002  # a core with only compiling requests checks them this often
 
 
 class EngineCore:
@@ -47,6 +50,11 @@ class EngineCore:
         self.drafter = NgramProposer(spec, c.max_model_len) if spec else None
         if spec:
             self.scheduler.spec_stats = SpecDecodingStats.for_tokens(spec.num_speculative_tokens)
+        self.structured_output = StructuredOutputManager(
+            c.path, c.model.vocab_size, list(c.model.eos_token_ids),
+            StructuredOutputsConfig.parse(c.structured_outputs_config))
+        self.scheduler.structured_output = self.structured_output
+        self.compiling: list[Sequence] = []  # their grammar compiles; scheduled once it has
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[str] = []  # request ids of the step under way
         self.last_output: SchedulerOutput | None = None
@@ -77,13 +85,19 @@ class EngineCore:
         seq = Sequence(ids, req.sampling_params or NO_SAMPLING, req.request_id, req.client_index)
         seq.pooling_params, seq.token_type_ids = req.pooling_params, types
         self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+        if req.sampling_params is not None and req.sampling_params.structured_outputs is not None:
+            self.structured_output.grammar_init(seq)
+            self.compiling.append(seq)
+        else:
+            self.scheduler.add(seq)
 
     def abort_requests(self, request_ids) -> None:
         """Drop requests, waiting or running; their KV blocks are free on return."""
         for request_id in request_ids:
             seq = self.requests.pop(request_id, None)
-            if seq is not None:
+            if seq is not None and seq in self.compiling:
+                self.compiling.remove(seq)
+            elif seq is not None:
                 self.scheduler.abort(seq)
 
     def check_health(self) -> None:
@@ -91,7 +105,27 @@ class EngineCore:
         self.executor.check_health()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.compiling)
+
+    def _admit_compiled(self) -> tuple[list[str], str | None]:
+        """Schedule the requests whose grammar is ready; (those whose grammar
+        failed, and the first one's error line): they end here."""
+        failed: list[str] = []
+        failure = None
+        for seq in list(self.compiling):
+            ready = self.structured_output.ready(seq)
+            if ready is False:
+                continue
+            self.compiling.remove(seq)
+            if ready is True:
+                self.scheduler.add(seq)
+            elif failure is None or ready == failure:  # one line per step: others wait
+                failure = ready
+                failed.append(seq.request_id)
+                self.requests.pop(seq.request_id, None)
+            else:
+                self.compiling.insert(0, seq)
+        return failed, failure
 
     def step(self) -> EngineCoreOutputs:
         """Run one batch: each request that got a token has an output (a
@@ -99,17 +133,25 @@ class EngineCore:
         A batch that raises is run again a request at a time: those that
         raise again fail (failed_request_ids), the others go on. A step whose
         every request fails raises, leaving last_scheduled naming them."""
-        if self.drafter is not None:
-            self.drafter.propose_for(self.scheduler.running)
+        failed, failure = self._admit_compiled()
+        if failed or not self.scheduler.has_work():
+            # grammars that failed are told now (a step that raised would lose them);
+            # with only grammars compiling there is nothing to run yet
+            self.last_output, self.last_scheduled = None, []
+            if not failed:
+                time.sleep(COMPILE_POLL_S)
+            return EngineCoreOutputs([], self.make_stats(), time.monotonic(),
+                                     failed_request_ids=failed, failure=failure)
+        if self.drafter is not None:  # a constrained request decodes undrafted
+            self.drafter.propose_for([s for s in self.scheduler.running if s.grammar is None])
         out = self.scheduler.schedule()
         self.last_output = out
         self.last_scheduled = [s.request_id for s in out.scheduled]
         if not out.scheduled:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
-        failed: list[str] = []
-        failure = None
+        grammar = self._grammar([s for s in out.sampled if not s.spec_token_ids])
         try:
-            tokens = self.executor.execute_model(out.scheduled, out.is_prefill)
+            tokens = self.executor.execute_model(out.scheduled, out.is_prefill, **grammar)
         except Exception as exc:
             if len(out.scheduled) == 1 or isinstance(exc, RankDiedError):
                 raise
@@ -123,6 +165,11 @@ class EngineCore:
         return EngineCoreOutputs(outputs, self.make_stats(), time.monotonic(),
                                  failed_request_ids=failed, failure=failure)
 
+    def _grammar(self, sampled: list[Sequence]) -> dict:
+        """execute_model's bitmask argument: only for a batch with a grammar."""
+        bitmask = self.structured_output.grammar_bitmask(sampled)
+        return {} if bitmask is None else {"bitmask": bitmask}
+
     def _one_at_a_time(self, out: SchedulerOutput, exc: Exception):
         """(the step's output without the requests that raise alone, their
         tokens, those requests' ids, the first one's error line)."""
@@ -130,7 +177,8 @@ class EngineCore:
         bad: list[tuple[Sequence, Exception]] = []
         for seq in out.scheduled:
             try:
-                tokens[seq.request_id] = self.executor.execute_model([seq], out.is_prefill)
+                tokens[seq.request_id] = self.executor.execute_model(
+                    [seq], out.is_prefill, **self._grammar([seq] if seq.samples else []))
             except Exception as again:
                 if isinstance(again, RankDiedError):
                     raise

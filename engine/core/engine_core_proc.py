@@ -142,6 +142,8 @@ class EngineCoreProc:
             self.chunks.stepped(core.last_output.num_prompt_tokens, took)
             core.scheduler.prompt_tokens_cap = self.chunks.cap()
         out.timestamp = time.monotonic()
+        if core.last_output is None and not out.outputs and not out.failed_request_ids:
+            return  # a wait for compiling grammars: nothing to tell
         self._send(out)
 
     def _send(self, out: EngineCoreOutputs) -> None:

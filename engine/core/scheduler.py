@@ -32,6 +32,7 @@ from engine.core.messages import EngineCoreOutput
 from engine.core.sequence import RequestStatus, Sequence
 from engine.core.stop_checker import check_stop
 from engine.spec_decode.metrics import SpecDecodingStats
+from engine.structured_output import StructuredOutputManager
 
 WATERMARK = 0.01  # of the cache's blocks, kept free by admission (upstream V0's default)
 
@@ -78,6 +79,7 @@ class Scheduler:
         self.prompt_tokens_cap: int | None = None
         self._copying: list[Sequence] = []  # admitted this step with a partial-block copy
         self._preempted: list[str] = []  # request ids, this step
+        self.structured_output: StructuredOutputManager | None = None  # the core sets it
         # with speculative decoding: acceptance totals (engine/spec_decode)
         self.spec_stats: SpecDecodingStats | None = None
         self._draft_reserve = 0  # free blocks a step's drafts leave (its decodes' need)
@@ -117,6 +119,12 @@ class Scheduler:
         max_len = self.max_model_len if self.max_model_len is not None else 1 << 62
         for seq, token in zip(out.sampled, tokens):
             new, status = self._append(seq, token, max_len)
+            if seq.grammar is not None and self.structured_output is not None:
+                # never drafted (EngineCore): `token` is its one new token. A grammar
+                # that is complete, or (ignore_eos, min_tokens) refuses the only
+                # tokens left, ends the request: nothing more may follow
+                if not self.structured_output.accept(seq, token) and status is None:
+                    status = RequestStatus.FINISHED_STOPPED
             o = EngineCoreOutput(seq.request_id, new)
             if seq.params.logprobs is not None:
                 o.new_logprobs = seq.logprobs[-1:]

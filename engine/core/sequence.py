@@ -80,6 +80,11 @@ class Sequence(PromptAndOutput):
         # (logprob, rank, [(id, logprob) of the top k])
         self.prompt_logprobs: list = []
         self._generator: torch.Generator | None = None
+        # structured outputs (engine/structured_output): the compile under way, then
+        # the matcher; reasoning_ended: the constraint applies from here on
+        self.grammar_pending = None
+        self.grammar = None
+        self.reasoning_ended = True
         # a pooling request's (engine/core/pooling_scheduler.py): what it asks, and
         # its tokens' types (a cross-encoder's pair), None for all of type 0
         self.pooling_params: PoolingParams | None = None

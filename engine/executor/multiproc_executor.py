@@ -106,7 +106,8 @@ class MultiprocExecutor:
         if self.dead is not None:
             raise RankDiedError(self.dead)
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool,
+                      bitmask=None) -> list[int]:
         self.check_health()
         inputs = self.runner.prepare(seqs, is_prefill)
         try:
@@ -119,7 +120,7 @@ class MultiprocExecutor:
             raise RankDiedError(f"tensor parallel step failed: {str(exc).splitlines()[0]}") \
                 from None
         assert logits is not None, "the driver (rank 0) gets the logits"
-        return sample_step(logits, seqs, self.eos_token_ids)
+        return sample_step(logits, seqs, self.eos_token_ids, bitmask)
 
     def shutdown(self) -> None:
         if getattr(self, "_closing", False):

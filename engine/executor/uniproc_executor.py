@@ -27,10 +27,13 @@ class UniProcExecutor:
             build_runner(config, blocks)
         self.model, self.linear_mode = self.runner.model, self.runner.linear_mode
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list:
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool, bitmask=None) -> list:
         """One token per sequence, sampled from the batch's logits (a pooling
-        model: one pooled vector per sequence)."""
-        return self.runner.run(seqs, is_prefill)
+        model: one pooled vector per sequence); bitmask: a Future of the sampled
+        rows' grammar bitmask (structured outputs), or None."""
+        if bitmask is None:
+            return self.runner.run(seqs, is_prefill)
+        return self.runner.run(seqs, is_prefill, bitmask)  # type: ignore[call-arg]  # generating
 
     def check_health(self) -> None:
         """Raises when a part of the executor has died (never, in one process)."""

@@ -75,10 +75,10 @@ class ModelRunner:
                 _commit(caches, False)
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+    def run(self, seqs: list[Sequence], is_prefill: bool, bitmask=None) -> list[int]:
         logits = self.execute(self.prepare(seqs, is_prefill))
         assert logits is not None, "one process, one pipeline stage: its logits"
-        return sample_step(logits, seqs, self.model.config.eos_token_ids)
+        return sample_step(logits, seqs, self.model.config.eos_token_ids, bitmask)
 
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
         return prepare_inputs(self.blocks, self.device, seqs, is_prefill)
@@ -144,14 +144,18 @@ class StepInputs:
     kv_copies: list[tuple[int, int, int]]
 
 
-def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> list[int]:
+def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids,
+                bitmask=None) -> list[int]:
     """The tokens of the sequences that sample this step. logits: per
     sequence in order, the rows of its prompt_logprob_positions (scored
     here), then its sampling row if it samples (with drafts, one row more
     per draft: engine/spec_decode/rejection_sampler.py verifies them, sets
-    num_accepted_drafts and gives the token after the accepted ones)."""
+    num_accepted_drafts and gives the token after the accepted ones).
+    bitmask: a Future of the grammar bitmask of the undrafted sampling rows
+    (filled while the forward ran; a constrained request is never drafted)."""
+    mask = bitmask.result() if bitmask is not None else None
     if not any(s.params.prompt_logprobs is not None or s.spec_token_ids for s in seqs):
-        return sample(logits, [s for s in seqs if s.samples], eos_token_ids)
+        return sample(logits, [s for s in seqs if s.samples], eos_token_ids, mask)
     row, sampling, drafted = 0, [], {}
     for i, s in enumerate(seqs):
         positions = s.prompt_logprob_positions
@@ -167,7 +171,7 @@ def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> li
             sampling.append(row)
             row += 1
     undrafted = [s for i, s in enumerate(seqs) if s.samples and i not in drafted]
-    plain = iter(sample(logits[sampling], undrafted, eos_token_ids) if undrafted else [])
+    plain = iter(sample(logits[sampling], undrafted, eos_token_ids, mask) if undrafted else [])
     return [drafted[i] if i in drafted else next(plain) for i, s in enumerate(seqs) if s.samples]
 
 

@@ -42,6 +42,25 @@ class _Front:
         self.template = chat_utils.load_template(self.path, args.chat_template)
         self.special_tokens = chat_utils.special_tokens(self.path)
         self.max_tok_bytes = max_token_bytes(self.tokenizer)
+        tool_calls(args)
+
+
+def tool_calls(args) -> None:
+    """--tool-parser-plugin runs (in every API server process), and
+    --tool-call-parser and --reasoning-parser name parsers; ValueError in one
+    line otherwise."""
+    from engine.entrypoints.openai.tool_parsers import get_tool_parser, import_tool_parser
+
+    if args.tool_parser_plugin:
+        import_tool_parser(args.tool_parser_plugin)
+    if args.tool_call_parser:
+        get_tool_parser(args.tool_call_parser)
+    elif args.enable_auto_tool_choice:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if args.reasoning_parser:
+        from engine.reasoning import get_reasoning_parser
+
+        get_reasoning_parser(args.reasoning_parser)
 
 
 def serve(args) -> int:
@@ -50,6 +69,10 @@ def serve(args) -> int:
     from engine.entrypoints.openai.stream_pacer import parse_interval
 
     parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
+    from engine.structured_output import StructuredOutputsConfig
+
+    StructuredOutputsConfig.parse(args.structured_outputs_config)
+    tool_calls(args)
     count = getattr(args, "api_server_count", 1)
     listener = _listen(args.host, args.port)  # a busy port, too, before minutes of loading
     if listener is None:
@@ -101,7 +124,10 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         max_model_len=ready.max_model_len, created=int(time.time()),
                         max_body_bytes=args.max_request_body_bytes or
                         default_max_body_bytes(ready.max_model_len),
-                        max_tok_bytes=front.max_tok_bytes)
+                        max_tok_bytes=front.max_tok_bytes,
+                        tool_call_parser=args.tool_call_parser,
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        reasoning_parser=args.reasoning_parser)
     if front.template is None and client.client_index == 0 and not ready.pooling_tasks:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)

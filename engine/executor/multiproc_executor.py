@@ -17,15 +17,14 @@ import threading
 from multiprocessing.connection import wait
 
 from engine.core.kv_cache_manager import BlockManager
-from engine.spawn import main_not_rerun
 from engine.core.sequence import Sequence
 from engine.distributed import parallel_state
-from engine.distributed.parallel_state import (DistInit, RankDiedError, free_port,
-                                               replica_bindings)
+from engine.distributed.parallel_state import DistInit, RankDiedError, free_port, replica_bindings
 from engine.engine_args import EngineConfig
-from engine.worker.cpu_worker import build_runner
 from engine.platforms import cpu_binding, cpu_preload
+from engine.spawn import main_not_rerun
 from engine.worker import tp_worker
+from engine.worker.cpu_worker import build_runner
 from engine.worker.model_runner import sample_step
 
 logger = logging.getLogger("engine")

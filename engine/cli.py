@@ -16,9 +16,11 @@ def _llm(args):
 
 
 def tiny_model_archs() -> list[str]:
-    from engine.tiny_model import ARCHS  # no torch at import: `engine --help` stays fast
+    # no torch at import: `engine --help` stays fast
+    from engine.tiny_model import ARCHS
+    from engine.tiny_pooling_model import POOLING_ARCHS
 
-    return list(ARCHS)
+    return [*ARCHS, *POOLING_ARCHS]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -30,6 +32,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     scheduler_args(p)
+    speculative_args(p)
     parallel_args(p)
 
 
@@ -42,6 +45,17 @@ def gguf_args(p: argparse.ArgumentParser) -> None:
                    "file's metadata)")
 
 
+def runner_args(p: argparse.ArgumentParser) -> None:
+    from engine.pooler_config import CONVERTS, RUNNERS
+
+    p.add_argument("--runner", default="auto", choices=RUNNERS,
+                   help="generate, or pooling: embeddings, classes, scores (default auto: "
+                   "pooling for encoders such as BERT, generate for decoders)")
+    p.add_argument("--convert", default="auto", choices=CONVERTS,
+                   help="what a pooling model serves: embed, classify or score (a "
+                   "cross-encoder's); default auto: from its architecture")
+
+
 def scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=None, help="prefill long prompts in chunks of the step's token "
@@ -49,6 +63,25 @@ def scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="reuse the KV blocks of a prompt prefix computed before "
                    "(default: on)")
+
+
+def speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   metavar="JSON", help='speculative decoding, e.g. \'{"method": "ngram", '
+                   '"num_speculative_tokens": 4, "prompt_lookup_max": 5}\' (default: none)')
+
+
+def _speculative_config(text: str) -> dict:
+    """The flag's JSON, checked before anything loads (one line naming the key)."""
+    import json
+
+    from engine.spec_decode.config import SpeculativeConfig
+
+    try:
+        SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return json.loads(text)
 
 
 def parallel_args(p: argparse.ArgumentParser) -> None:
@@ -119,7 +152,9 @@ def _serve_parser(sub) -> None:
                    help="tokens in one step (default 2048 with chunked prefill; without it, "
                    "at least --max-model-len)")
     s.add_argument("--block-size", type=int, default=128)
+    runner_args(s)
     scheduler_args(s)
+    speculative_args(s)
     parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: MODEL as given)")
@@ -140,6 +175,22 @@ def _serve_parser(sub) -> None:
                    "past it is answered 503 with Retry-After (default 1024)")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, instead of the model's")
+    # structured outputs, tool calling, reasoning (upstream's flags)
+    s.add_argument("--structured-outputs-config", default=None, metavar="JSON",
+                   help='the grammar backend: \'{"backend": "xgrammar"}\' (the default; '
+                   'also "disable_any_whitespace": true)')
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='tool_choice "auto": the model decides, --tool-call-parser reads its calls')
+    s.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="how the model writes tool calls: hermes, llama3_json, llama4_json, "
+                   "mistral, qwen3_coder, qwen3_xml, pythonic, or one --tool-parser-plugin "
+                   "registers")
+    s.add_argument("--tool-parser-plugin", default=None, metavar="FILE",
+                   help="a Python file registering a tool parser "
+                   "(@ToolParserManager.register_module(NAME))")
+    s.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="split a thinking model's answer into reasoning_content and content: "
+                   "deepseek_r1, qwen3")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 
@@ -300,9 +351,13 @@ def client(args) -> int:
 
 def make_tiny_model(args) -> int:
     from engine.tiny_model import make_tiny_model as make
+    from engine.tiny_pooling_model import POOLING_ARCHS, make_tiny_pooling_model
 
+    if args.arch in POOLING_ARCHS:
+        make = make_tiny_pooling_model
     path = make(args.dir, arch=args.arch, seed=args.seed)
-    print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}")
+    runner = " --runner pooling" if args.arch == "qwen3-embedding" else ""
+    print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}{runner}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`python -m engine.collect_env`: what this installation is and runs on (like upstream's collect_env).
+"""`python -m engine.collect_env`: what this installation is and runs on (like
+upstream's collect_env).
 
 The first lines come from the build-info record alone; torch is imported only
 for the lines that need it, so the command answers at once.
@@ -64,7 +65,8 @@ def runtime_report() -> dict:
         "torch_cuda": torch.version.cuda,
         "torch_hip": getattr(torch.version, "hip", None),
         "platform_class": type(current_platform()).__name__,
-        "ld_preload_hint": cpu_preload.export_line(cpu_preload.find(), cpu_preload.is_source_build()),
+        "ld_preload_hint": cpu_preload.export_line(cpu_preload.find(),
+                                                   cpu_preload.is_source_build()),
     }
 
 

@@ -15,7 +15,9 @@ from engine.config import ModelConfig
 from engine.model_executor.layers.parallel import (TP_ARCHITECTURES, check_shardable,
                                                   check_stages)
 from engine.model_source import resolve_model
+from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.platforms import current as current_platform
+from engine.spec_decode.config import SpeculativeConfig
 from engine.transformers_utils.gguf_folder import gguf_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +48,15 @@ class EngineConfig:
     data_parallel_rank: int = 0  # this replica's (its ranks' CPUs come after the ones before)
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
+    # --runner pooling (engine.pooler_config): how it pools; None: it generates
+    pooler: PoolerConfig | None = None
+    # --structured-outputs-config, as given (engine.structured_output checks it)
+    structured_outputs_config: str | None = None
+
+    @property
+    def runner(self) -> str:
+        return "generate" if self.pooler is None else "pooling"
 
     @property
     def world_size(self) -> int:
@@ -173,12 +184,24 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          enable_chunked_prefill: bool | None = None,
                          enable_prefix_caching: bool | None = None,
                          data_parallel_size: int = 1, data_parallel_rank: int = 0,
-                         pipeline_parallel_size: int = 1,
+                         pipeline_parallel_size: int = 1, runner: str = "auto",
+                         convert: str = "auto",
+                         speculative_config: str | dict | SpeculativeConfig | None = None,
+                         structured_outputs_config: str | None = None,
                          tokenizer: str | None = None, hf_config_path: str | None = None,
                          ) -> EngineConfig:
+    spec = SpeculativeConfig.parse(speculative_config)  # before the model: fails fast
     path = resolve_model(model, tokenizer, hf_config_path)
     mc = ModelConfig.from_dir(path)
+    pooler = resolve_runner(mc, path, runner, convert)
     torch_dtype = resolve_dtype(dtype, mc)
+    if pooler is not None:
+        if spec is not None:
+            raise ValueError("--speculative-config drafts generated tokens; a pooling model "
+                             "(--runner pooling) generates none: leave it out")
+        return _pooling_config(path, mc, pooler, torch_dtype, max_model_len, max_num_seqs,
+                               max_num_batched_tokens, block_size, bind_threads,
+                               tensor_parallel_size * pipeline_parallel_size * data_parallel_size)
     if block_size <= 0 or block_size % 32:
         raise ValueError(f"block_size must be a positive multiple of 32, got {block_size}")
     if max_model_len is not None and max_model_len < 2:
@@ -207,10 +230,34 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
         raise ValueError(f"tensor_parallel_size {tensor_parallel_size} x pipeline_parallel_size "
                          f"{pipeline_parallel_size}: GGUF files load on one rank so far; use 1")
     check_data_parallel(data_parallel_size, data_parallel_rank, distributed_executor_backend)
+    from engine.structured_output import StructuredOutputsConfig
+
+    StructuredOutputsConfig.parse(structured_outputs_config)  # refused before the model loads
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix)
+                        prefix, spec, structured_outputs_config=structured_outputs_config)
+
+
+def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,
+                    max_model_len: int | None, max_num_seqs: int, budget: int | None,
+                    block_size: int, bind_threads: bool, ranks: int) -> EngineConfig:
+    """A pooling engine: whole prompts, one forward each, no KV cache (so no
+    chunking, no prefix caching, no blocks), on one rank."""
+    if ranks != 1:
+        raise ValueError("--runner pooling runs on one rank; use -tp 1 -pp 1 -dp 1")
+    if max_model_len is not None and max_model_len < 1:
+        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+    longest = mc.max_position
+    if mc.model_type in ("roberta", "xlm-roberta"):  # positions start past the padding id
+        from engine.model_executor.models.roberta import position_offset
+
+        longest -= position_offset(mc)
+    max_len = min(max_model_len or longest, longest)
+    tokens = batch_bounds(max_len, max_num_seqs, budget, False)
+    mc = dataclasses.replace(mc, max_model_len=max_len)
+    return EngineConfig(path, mc, dtype, block_size, 0, max_len, max_num_seqs, tokens,
+                        bind_threads, pooler=pooler)
 
 
 def check_data_parallel(dp: int, rank: int, backend: str | None) -> None:
@@ -261,7 +308,8 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching", "tokenizer", "hf_config_path")
+                    "enable_prefix_caching", "runner", "convert", "speculative_config",
+                    "structured_outputs_config", "tokenizer", "hf_config_path")
 
 
 def cli_engine_args(args) -> dict:

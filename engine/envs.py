@@ -171,11 +171,15 @@ def format_cpu_list(cpus) -> str:
     return ",".join(parts)
 
 
+def omp_threads_bind_text(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND as the user wrote it (for error messages)."""
+    return _env(env).get("VLLM_CPU_OMP_THREADS_BIND", "").strip()
+
+
 def omp_threads_bind(env: Mapping[str, str] | None = None) -> str | list[list[int]]:
     """VLLM_CPU_OMP_THREADS_BIND: `auto` (default), `nobind`, a CPU list
     (`0-31`), or one list per rank separated by `|` (`0-31|32-63`)."""
-    env = _env(env)
-    raw = env.get("VLLM_CPU_OMP_THREADS_BIND", "").strip() or "auto"
+    raw = omp_threads_bind_text(env) or "auto"
     if raw.lower() in ("auto", "nobind"):
         return raw.lower()
     lists = [parse_cpu_list(part, "VLLM_CPU_OMP_THREADS_BIND") for part in raw.split("|")]
@@ -249,3 +253,32 @@ def cache_root(env: Mapping[str, str] | None = None) -> str:
         return os.path.expanduser(root)
     xdg = env.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
     return os.path.join(xdg, "vllm")
+
+
+def structured_outputs_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """VLLM_STRUCTURED_OUTPUTS_TIMEOUT_S: the longest a request's grammar (a JSON
+    schema, regex, EBNF grammar) may take to build in the API server, and again
+    to compile in the engine core, before the request is refused (400) naming
+    its field (default 10 seconds)."""
+    env = _env(env)
+    raw = env.get("VLLM_STRUCTURED_OUTPUTS_TIMEOUT_S", "").strip()
+    try:
+        value = float(raw) if raw else 10.0
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise EnvError(f"VLLM_STRUCTURED_OUTPUTS_TIMEOUT_S={raw!r} must be a positive number "
+                       "of seconds")
+    return value
+
+
+def structured_outputs_max_bytes(env: Mapping[str, str] | None = None) -> int:
+    """VLLM_STRUCTURED_OUTPUTS_MAX_BYTES: the largest constraint a request may
+    carry (a JSON schema, regex, grammar, choices or the tools' schemas, in
+    UTF-8 bytes); a larger one is a 400 naming its field (default 256 KiB)."""
+    env = _env(env)
+    raw = env.get("VLLM_STRUCTURED_OUTPUTS_MAX_BYTES", "").strip()
+    if raw and not raw.isdigit():
+        raise EnvError(f"VLLM_STRUCTURED_OUTPUTS_MAX_BYTES={raw!r} must be a number of "
+                       "bytes")
+    return int(raw) if raw else 256 * 1024

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 #: other work, in CPUs kept busy on average, at which the allowed CPUs count as shared
 BUSY_CPUS = 0.5

@@ -113,10 +113,8 @@ def paged_prefill_attention(out: torch.Tensor, query: torch.Tensor, key_cache: t
         nblk = -(-n // block_size)
         blocks = block_tables[b, :nblk].long()
 
-        def gather(cache: torch.Tensor) -> torch.Tensor:  # [kv_heads, n, head_size]
-            return cache[blocks].permute(1, 0, 2, 3).reshape(kv_heads, -1, head_size)[:, :n].float()
-
-        k, v = gather(key_cache), gather(value_cache)
+        k, v = (c[blocks].permute(1, 0, 2, 3).reshape(kv_heads, -1, head_size)[:, :n].float()
+                for c in (key_cache, value_cache))  # [kv_heads, n, head_size]
         q_pos = torch.arange(n - (q1 - q0), n, device=query.device)[:, None]
         k_pos = torch.arange(n, device=query.device)[None, :]
         mask = k_pos <= q_pos

@@ -18,6 +18,42 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
+class StructuredOutputsParams:
+    """What the output must match (upstream's StructuredOutputsParams): exactly
+    one of json (a JSON schema, as its JSON text), regex, choice, grammar
+    (EBNF), json_object or structural_tag (its JSON text). The core compiles
+    it for the model's tokenizer (engine/structured_output/)."""
+
+    json: str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    # the token ids that end the model's reasoning (--reasoning-parser): the
+    # output is constrained only after them
+    reasoning_end: list[int] | None = None
+
+    def kind(self) -> tuple[str, str]:
+        """(kind, spec text): the one constraint set, as the backend compiles it."""
+        import json
+
+        given = [(k, v) for k, v in (("json", self.json), ("regex", self.regex),
+                                     ("choice", self.choice), ("grammar", self.grammar),
+                                     ("json_object", self.json_object or None),
+                                     ("structural_tag", self.structural_tag)) if v is not None]
+        if len(given) != 1:
+            names = ", ".join(k for k, _ in given) or "none"
+            raise ValueError(f"structured_outputs: set exactly one of json, regex, choice, "
+                             f"grammar, json_object, structural_tag (got {names})")
+        k, v = given[0]
+        if k == "choice":
+            return k, json.dumps(v)
+        return k, "" if k == "json_object" else str(v)
+
+
+@dataclass
 class SamplingParams:
     """As upstream vLLM's: temperature 0 is greedy; seed -1 is unseeded."""
 
@@ -38,6 +74,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None  # top alternatives per token besides the sampled one
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -70,3 +70,44 @@ def store(request, tmp_path):
     if request.param == "local":
         return open_storage(str(tmp_path / "index"))
     return open_storage(f"s3://{request.getfixturevalue('s3_env')}/wheels")
+
+
+# ChatML that shows the model its tools, and the calls and results of earlier turns
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>{{ {'name': c['function']['name'], "
+    "'arguments': c['function']['arguments']} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# a user's parser (--tool-parser-plugin): hermes under another name
+TOOL_PLUGIN = """
+from engine.entrypoints.openai.tool_parsers import ToolParserManager
+from engine.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+
+
+@ToolParserManager.register_module("my_hermes")
+class MyHermes(Hermes2ProToolParser):
+    pass
+"""
+
+
+@pytest.fixture(scope="session")
+def agent_server(tmp_path_factory):
+    """One `engine serve` on a tiny random model for structured outputs and
+    tool calling (tests/test_structured_outputs.py, tests/test_tool_calls.py):
+    xgrammar named, a chat template that renders tools, auto tool choice read
+    by a plugin's parser."""
+    from test_serve import ServerProcess
+
+    from engine.tiny_model import make_tiny_model
+
+    d = tmp_path_factory.mktemp("agents")
+    model = make_tiny_model(d / "tiny")
+    (d / "t.jinja").write_text(TOOLS_TEMPLATE)
+    (d / "plugin.py").write_text(TOOL_PLUGIN)
+    s = ServerProcess(model, "--served-model-name", "tiny", "--chat-template",
+                      str(d / "t.jinja"), "--enable-auto-tool-choice", "--tool-call-parser",
+                      "my_hermes", "--tool-parser-plugin", str(d / "plugin.py"),
+                      "--structured-outputs-config", '{"backend": "xgrammar"}')
+    yield s
+    s.close()

@@ -41,7 +41,7 @@ def _app(api_key=None):
     from engine.entrypoints.openai.api_server import build_app
 
     llm = types.SimpleNamespace(tokenizer=None, model_config=types.SimpleNamespace(vocab_size=8),
-                                dead=None)
+                                dead=None, pooling_tasks=())
     state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=None, model_names=["m"],
                                   max_body_bytes=None)
     return TestClient(build_app(state))

@@ -41,7 +41,7 @@ def test_responses_whole_and_streamed_equal_the_chat_answer(tiny):
         events = [e async for e in parts]
         refused = []
         for extra in ({"previous_response_id": "resp_1"}, {"tools": [{"type": "web_search"}]},
-                      {"text": {"format": {"type": "json_object"}}}):
+                      {"text": {"format": {"type": "yaml"}}}):
             try:
                 await c.responses.create(input="hi", extra_body=extra, **greedy)
             except openai.BadRequestError as exc:

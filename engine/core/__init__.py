@@ -1,1 +1,2 @@
-"""The engine core: requests and sequences, the scheduler, the KV cache manager and the step loop."""
+"""The engine core: requests and sequences, the scheduler, the KV cache manager
+and the step loop."""

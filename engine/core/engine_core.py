@@ -12,11 +12,18 @@ import time
 
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from engine.core.pooling_scheduler import PoolingScheduler
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig, create_engine_config
 from engine.executor.select import make_executor
+from engine.pooling_params import NO_SAMPLING
+from engine.spec_decode.metrics import SpecDecodingStats
+from engine.spec_decode.ngram_proposer import NgramProposer
+from engine.structured_output import StructuredOutputManager, StructuredOutputsConfig
+
+COMPILE_POLL_S = 0.002  # a core with only compiling requests checks them this often
 
 
 class EngineCore:
@@ -28,11 +35,26 @@ class EngineCore:
         c = self.engine_config
         self.path, self.config, self.dtype = c.path, c.model, c.dtype
         self.max_model_len = c.max_model_len
-        self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
+        self.scheduler: Scheduler
+        if c.pooler is not None:  # no KV cache: engine/core/pooling_scheduler.py
+            self.scheduler = PoolingScheduler(c.max_num_seqs, c.max_num_batched_tokens,
+                                              c.block_size)
+            self.blocks = self.scheduler.blocks
+        else:
+            self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
+            self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens,
+                                       c.enable_chunked_prefill, tuple(c.model.eos_token_ids),
+                                       c.max_model_len)
         self.executor = make_executor(c, self.blocks)
-        self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens,
-                                   c.enable_chunked_prefill, tuple(c.model.eos_token_ids),
-                                   c.max_model_len)
+        spec = c.speculative_config
+        self.drafter = NgramProposer(spec, c.max_model_len) if spec else None
+        if spec:
+            self.scheduler.spec_stats = SpecDecodingStats.for_tokens(spec.num_speculative_tokens)
+        self.structured_output = StructuredOutputManager(
+            c.path, c.model.vocab_size, list(c.model.eos_token_ids),
+            StructuredOutputsConfig.parse(c.structured_outputs_config))
+        self.scheduler.structured_output = self.structured_output
+        self.compiling: list[Sequence] = []  # their grammar compiles; scheduled once it has
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[str] = []  # request ids of the step under way
         self.last_output: SchedulerOutput | None = None
@@ -45,20 +67,37 @@ class EngineCore:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already running")
         ids, vocab = req.prompt_token_ids, self.config.vocab_size
-        if not ids or len(ids) + 1 > self.max_model_len:
+        pooling = self.engine_config.pooler is not None
+        if (req.pooling_params is not None) != pooling or (req.sampling_params is None) != pooling:
+            raise ValueError(f"request {req.request_id}: this engine "
+                             f"{'pools' if pooling else 'generates'}; the request asks otherwise")
+        room = 0 if pooling else 1  # a generated token's place
+        if not ids or len(ids) + room > self.max_model_len:
             raise ValueError(f"request {req.request_id}: {len(ids)} prompt tokens; the "
                              f"context is {self.max_model_len}")
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"request {req.request_id}: token ids must be in [0, {vocab})")
-        seq = Sequence(ids, req.sampling_params, req.request_id, req.client_index)
+        types = req.token_type_ids
+        if types is not None and (len(types) != len(ids) or min(types) < 0
+                                  or max(types) >= self.config.hf.get("type_vocab_size", 2)):
+            raise ValueError(f"request {req.request_id}: token_type_ids must be one per token, "
+                             "each a type the model has")
+        seq = Sequence(ids, req.sampling_params or NO_SAMPLING, req.request_id, req.client_index)
+        seq.pooling_params, seq.token_type_ids = req.pooling_params, types
         self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+        if req.sampling_params is not None and req.sampling_params.structured_outputs is not None:
+            self.structured_output.grammar_init(seq)
+            self.compiling.append(seq)
+        else:
+            self.scheduler.add(seq)
 
     def abort_requests(self, request_ids) -> None:
         """Drop requests, waiting or running; their KV blocks are free on return."""
         for request_id in request_ids:
             seq = self.requests.pop(request_id, None)
-            if seq is not None:
+            if seq is not None and seq in self.compiling:
+                self.compiling.remove(seq)
+            elif seq is not None:
                 self.scheduler.abort(seq)
 
     def check_health(self) -> None:
@@ -66,7 +105,27 @@ class EngineCore:
         self.executor.check_health()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.compiling)
+
+    def _admit_compiled(self) -> tuple[list[str], str | None]:
+        """Schedule the requests whose grammar is ready; (those whose grammar
+        failed, and the first one's error line): they end here."""
+        failed: list[str] = []
+        failure = None
+        for seq in list(self.compiling):
+            ready = self.structured_output.ready(seq)
+            if ready is False:
+                continue
+            self.compiling.remove(seq)
+            if ready is True:
+                self.scheduler.add(seq)
+            elif failure is None or ready == failure:  # one line per step: others wait
+                failure = ready
+                failed.append(seq.request_id)
+                self.requests.pop(seq.request_id, None)
+            else:
+                self.compiling.insert(0, seq)
+        return failed, failure
 
     def step(self) -> EngineCoreOutputs:
         """Run one batch: each request that got a token has an output (a
@@ -74,15 +133,25 @@ class EngineCore:
         A batch that raises is run again a request at a time: those that
         raise again fail (failed_request_ids), the others go on. A step whose
         every request fails raises, leaving last_scheduled naming them."""
+        failed, failure = self._admit_compiled()
+        if failed or not self.scheduler.has_work():
+            # grammars that failed are told now (a step that raised would lose them);
+            # with only grammars compiling there is nothing to run yet
+            self.last_output, self.last_scheduled = None, []
+            if not failed:
+                time.sleep(COMPILE_POLL_S)
+            return EngineCoreOutputs([], self.make_stats(), time.monotonic(),
+                                     failed_request_ids=failed, failure=failure)
+        if self.drafter is not None:  # a constrained request decodes undrafted
+            self.drafter.propose_for([s for s in self.scheduler.running if s.grammar is None])
         out = self.scheduler.schedule()
         self.last_output = out
         self.last_scheduled = [s.request_id for s in out.scheduled]
         if not out.scheduled:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
-        failed: list[str] = []
-        failure = None
+        grammar = self._grammar([s for s in out.sampled if not s.spec_token_ids])
         try:
-            tokens = self.executor.execute_model(out.scheduled, out.is_prefill)
+            tokens = self.executor.execute_model(out.scheduled, out.is_prefill, **grammar)
         except Exception as exc:
             if len(out.scheduled) == 1 or isinstance(exc, RankDiedError):
                 raise
@@ -96,6 +165,11 @@ class EngineCore:
         return EngineCoreOutputs(outputs, self.make_stats(), time.monotonic(),
                                  failed_request_ids=failed, failure=failure)
 
+    def _grammar(self, sampled: list[Sequence]) -> dict:
+        """execute_model's bitmask argument: only for a batch with a grammar."""
+        bitmask = self.structured_output.grammar_bitmask(sampled)
+        return {} if bitmask is None else {"bitmask": bitmask}
+
     def _one_at_a_time(self, out: SchedulerOutput, exc: Exception):
         """(the step's output without the requests that raise alone, their
         tokens, those requests' ids, the first one's error line)."""
@@ -103,7 +177,8 @@ class EngineCore:
         bad: list[tuple[Sequence, Exception]] = []
         for seq in out.scheduled:
             try:
-                tokens[seq.request_id] = self.executor.execute_model([seq], out.is_prefill)
+                tokens[seq.request_id] = self.executor.execute_model(
+                    [seq], out.is_prefill, **self._grammar([seq] if seq.samples else []))
             except Exception as again:
                 if isinstance(again, RankDiedError):
                     raise
@@ -125,7 +200,8 @@ class EngineCore:
         s, b = self.scheduler, self.blocks
         return SchedulerStats(len(s.running), len(s.waiting),
                               (b.num_blocks - b.num_free) / max(b.num_blocks, 1),
-                              b.prefix_queries, b.prefix_hits, s.num_preemptions)
+                              b.prefix_queries, b.prefix_hits, s.num_preemptions,
+                              s.spec_stats)
 
     def shutdown(self) -> None:
         shutdown = getattr(self.executor, "shutdown", None)

@@ -36,6 +36,7 @@ class CoreAddresses:
 
     inputs: list[str]
     outputs: list[str]
+    cpu_share: str = ""  # the API servers' heavy jobs (engine/core/cpu_share.py)
 
 
 class EngineCoreProc:
@@ -56,6 +57,7 @@ class EngineCoreProc:
         self.clients: dict[str, int] = {}  # request id -> the API server that hears it
         self.parent_pid = parent_pid
         self.stopped = False
+        self.team = _team_size(core, addresses)
         self.chunks = None
         scheduler = getattr(core, "scheduler", None)  # -dp: the replicas size their own
         if scheduler is not None and size_chunks and scheduler.enable_chunked_prefill:
@@ -121,6 +123,8 @@ class EngineCoreProc:
         from engine.distributed.parallel_state import RankDiedError
 
         core = self.core
+        if self.team is not None:
+            self.team.adjust()
         t0 = time.perf_counter()
         try:
             out = core.step()
@@ -138,6 +142,8 @@ class EngineCoreProc:
             self.chunks.stepped(core.last_output.num_prompt_tokens, took)
             core.scheduler.prompt_tokens_cap = self.chunks.cap()
         out.timestamp = time.monotonic()
+        if core.last_output is None and not out.outputs and not out.failed_request_ids:
+            return  # a wait for compiling grammars: nothing to tell
         self._send(out)
 
     def _send(self, out: EngineCoreOutputs) -> None:
@@ -181,7 +187,8 @@ def ready_message(core, warm_up_s: float) -> EngineCoreReady:
     c = core.engine_config
     return EngineCoreReady(core.max_model_len, c.num_blocks * c.data_parallel_size,
                            c.block_size, str(core.dtype).replace("torch.", ""),
-                           c.max_num_batched_tokens, warm_up_s)
+                           c.max_num_batched_tokens, warm_up_s,
+                           list(c.pooler.tasks) if c.pooler is not None else [])
 
 
 def warm_up(core) -> float:
@@ -195,6 +202,17 @@ def warm_up(core) -> float:
     vocab = core.config.vocab_size
     ids = [3 + i % max(vocab - 3, 1) for i in range(min(48, max(1, core.max_model_len // 2)))]
     steps = min(WARM_UP_TOKENS, core.max_model_len - len(ids) - 1)
+    pooler = core.engine_config.pooler
+    if pooler is not None:  # a pooling engine: a batch of two lengths, one step
+        from engine.pooling_params import PoolingParams
+
+        for i in range(2):
+            core.add_request(EngineCoreRequest(f"warm-up-{i}", ids[:len(ids) - 4 * i] or ids,
+                                               None, pooling_params=PoolingParams(
+                                                   task=pooler.tasks[0])))
+        steps = 0
+        while core.has_unfinished():
+            core.step()
     if steps >= 1:
         for i, temperature in enumerate((0.0, 1.0)):
             params = SamplingParams(temperature=temperature, seed=0, max_tokens=steps,
@@ -204,6 +222,21 @@ def warm_up(core) -> float:
         while core.has_unfinished():
             core.step()
     return time.perf_counter() - t0
+
+
+def _team_size(core, addresses: CoreAddresses):
+    """The OpenMP team the API servers' heavy jobs resize, when the model runs
+    in this process (its ranks in processes of their own keep theirs)."""
+    from engine.executor.uniproc_executor import UniProcExecutor
+
+    if not addresses.cpu_share or not isinstance(getattr(core, "executor", None),
+                                                 UniProcExecutor):
+        return None
+    import torch
+
+    from engine.core.cpu_share import TeamSize
+
+    return TeamSize(addresses.cpu_share, torch.get_num_threads(), torch.set_num_threads)
 
 
 def run_engine_core(model: str, dtype: str, engine_args: dict, addresses: CoreAddresses,

@@ -105,8 +105,8 @@ class BlockManager:
             return None
         start = num_full * bs
         parent = self._hashes(seq, num_full)[-1] if num_full else _ROOT
-        k = min(bs - 1, len(seq) - 1 - start) // part
-        for k in range(k, 0, -1):
+        longest = min(bs - 1, len(seq) - 1 - start) // part
+        for k in range(longest, 0, -1):
             block = self.partial.get(block_hash(parent, seq.token_ids[start:start + k * part]))
             if block is not None:
                 return block, k * part

@@ -8,7 +8,9 @@ import enum
 
 import msgspec
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
+from engine.spec_decode.metrics import SpecDecodingStats
 
 
 class RequestType(bytes, enum.Enum):
@@ -22,9 +24,11 @@ class RequestType(bytes, enum.Enum):
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None for a pooling request
     arrival_time: float = 0.0
     client_index: int = 0  # which API server process hears its outputs
+    pooling_params: PoolingParams | None = None  # a pooling engine's request (upstream's)
+    token_type_ids: list[int] | None = None  # BERT's token types (a pair's second text: 1)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -39,6 +43,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     finish_reason: str | None = None  # "stop" | "length"; set on its last output
     stop_reason: int | None = None  # the stop token id that ended it
     num_cached_tokens: int = 0  # prompt tokens the prefix cache had (first output only)
+    # a pooling request's vector: float32 little-endian bytes (what base64 sends as is)
+    pooled: bytes | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -50,6 +56,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     prefix_cache_queries: int = 0  # totals since start (prompt tokens looked up)
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    spec_decoding: SpecDecodingStats | None = None  # with --speculative-config: totals
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -72,6 +79,8 @@ class EngineCoreReady(msgspec.Struct, array_like=True, tag=True, gc=False):
     dtype: str
     max_num_batched_tokens: int
     warm_up_s: float
+    # a pooling engine's tasks (engine.pooler_config.PoolerConfig.tasks); () : it generates
+    pooling_tasks: list[str] = []
 
 
 class EngineCoreFailed(msgspec.Struct, array_like=True, tag=True, gc=False):

@@ -7,6 +7,7 @@ import itertools
 
 import torch
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -79,6 +80,19 @@ class Sequence(PromptAndOutput):
         # (logprob, rank, [(id, logprob) of the top k])
         self.prompt_logprobs: list = []
         self._generator: torch.Generator | None = None
+        # structured outputs (engine/structured_output): the compile under way, then
+        # the matcher; reasoning_ended: the constraint applies from here on
+        self.grammar_pending = None
+        self.grammar = None
+        self.reasoning_ended = True
+        # a pooling request's (engine/core/pooling_scheduler.py): what it asks, and
+        # its tokens' types (a cross-encoder's pair), None for all of type 0
+        self.pooling_params: PoolingParams | None = None
+        self.token_type_ids: list[int] | None = None
+        # speculative decoding (engine/spec_decode): the drafts of its next tokens
+        # that the step verifies after its last token, and how many it accepted
+        self.spec_token_ids: list[int] = []
+        self.num_accepted_drafts = 0
 
     @property
     def finish_reason(self) -> str | None:
@@ -100,7 +114,8 @@ class Sequence(PromptAndOutput):
     def samples(self) -> bool:
         """Whether the current step reaches the sequence's last token (and so
         samples the next one); a partial prefill chunk does not."""
-        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
+        return (self.num_computed_tokens + self.num_scheduled_tokens
+                == len(self.token_ids) + len(self.spec_token_ids))
 
     @property
     def prompt_logprob_positions(self) -> range:

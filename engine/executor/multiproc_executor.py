@@ -17,15 +17,14 @@ import threading
 from multiprocessing.connection import wait
 
 from engine.core.kv_cache_manager import BlockManager
-from engine.spawn import main_not_rerun
 from engine.core.sequence import Sequence
 from engine.distributed import parallel_state
-from engine.distributed.parallel_state import (DistInit, RankDiedError, free_port,
-                                               replica_bindings)
+from engine.distributed.parallel_state import DistInit, RankDiedError, free_port, replica_bindings
 from engine.engine_args import EngineConfig
-from engine.worker.cpu_worker import build_runner
 from engine.platforms import cpu_binding, cpu_preload
+from engine.spawn import main_not_rerun
 from engine.worker import tp_worker
+from engine.worker.cpu_worker import build_runner
 from engine.worker.model_runner import sample_step
 
 logger = logging.getLogger("engine")
@@ -106,7 +105,8 @@ class MultiprocExecutor:
         if self.dead is not None:
             raise RankDiedError(self.dead)
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool,
+                      bitmask=None) -> list[int]:
         self.check_health()
         inputs = self.runner.prepare(seqs, is_prefill)
         try:
@@ -119,7 +119,7 @@ class MultiprocExecutor:
             raise RankDiedError(f"tensor parallel step failed: {str(exc).splitlines()[0]}") \
                 from None
         assert logits is not None, "the driver (rank 0) gets the logits"
-        return sample_step(logits, seqs, self.eos_token_ids)
+        return sample_step(logits, seqs, self.eos_token_ids, bitmask)
 
     def shutdown(self) -> None:
         if getattr(self, "_closing", False):

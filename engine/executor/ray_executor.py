@@ -121,11 +121,12 @@ class RayExecutor:
         if self.dead is not None:
             raise RankDiedError(self.dead)
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool,
+                      bitmask=None) -> list[int]:
         self.check_health()
         inputs = prepare_inputs(self.blocks, torch.device("cpu"), seqs, is_prefill)
         logits = self._get([a.execute.remote(inputs) for a in self.actors])[0]
-        return sample_step(logits, seqs, self.eos_token_ids)
+        return sample_step(logits, seqs, self.eos_token_ids, bitmask)
 
     def shutdown(self) -> None:
         import ray

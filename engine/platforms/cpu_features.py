@@ -9,10 +9,10 @@ kernel path runs (`choose_isa`) and how each linear layer runs for a dtype
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from engine import envs
 
@@ -43,8 +43,8 @@ _ABOVE = {"avx512": _ABOVE_AVX512, "avx2": _ABOVE_AVX2, "generic": _ABOVE_GENERI
 AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 
 
-def has_amx(features: "CpuFeatures") -> bool:
-    return AMX_FLAGS <= features.flags
+def has_amx(features: CpuFeatures) -> bool:
+    return features.flags >= AMX_FLAGS
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class TorchLinearSupport:
     dtypes: frozenset[str]            # dtypes torch's own oneDNN check accepts here
 
     @classmethod
-    def detect(cls) -> "TorchLinearSupport":
+    def detect(cls) -> TorchLinearSupport:
         import torch
 
         mk = torch.ops.mkldnn

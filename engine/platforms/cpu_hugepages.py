@@ -19,7 +19,7 @@ import math
 import mmap
 import sys
 import warnings
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -39,7 +39,7 @@ def _madvise():
     return fn
 
 
-@lru_cache(maxsize=None)
+@cache
 def thp_mode(root: Path = Path("/")) -> str | None:
     """The kernel's THP mode (always, madvise, never), or None where it has none."""
     try:

@@ -39,9 +39,10 @@ def keep_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # glibc only
+        _ = libc.gnu_get_libc_version  # glibc only: AttributeError elsewhere
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, _INT_MAX))
+    return (bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX))
+            and bool(mallopt(M_TRIM_THRESHOLD, _INT_MAX)))

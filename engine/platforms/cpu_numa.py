@@ -42,7 +42,8 @@ def bind_memory(node: int) -> str | None:
         return f"NUMA node {node} is out of range"
     # get_mempolicy first: harmless, and refused exactly when set_mempolicy would be.
     mode = ctypes.c_int()
-    err = _syscall("get_mempolicy", ctypes.byref(mode), None, ctypes.c_ulong(0), None, ctypes.c_ulong(0))
+    err = _syscall("get_mempolicy", ctypes.byref(mode), None, ctypes.c_ulong(0), None,
+                   ctypes.c_ulong(0))
     if err:
         return f"get_mempolicy: {os.strerror(err)}"
     words = _MASK_BITS // (8 * ctypes.sizeof(ctypes.c_ulong))

@@ -40,8 +40,8 @@ def worker_main(rank: int, config: EngineConfig, binding: Binding | None, dist: 
 
 def start(rank: int, config: EngineConfig, binding: Binding | None, dist: DistInit, conn):
     from engine.core.kv_cache_manager import BlockManager
-    from engine.worker.cpu_worker import build_runner
     from engine.platforms import cpu_binding
+    from engine.worker.cpu_worker import build_runner
 
     if binding is not None:
         cpu_binding.apply(binding)

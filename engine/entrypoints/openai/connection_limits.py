@@ -30,7 +30,8 @@ RESERVED_FDS = 128
 WANTED_FDS = 65_536
 logger = logging.getLogger("engine.serve")
 
-_BUSY_BODY = b'{"error":{"message":"too many open connections","type":"ServiceUnavailable","code":503}}'
+_BUSY_BODY = (b'{"error":{"message":"too many open connections",'
+              b'"type":"ServiceUnavailable","code":503}}')
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
          b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
@@ -130,7 +131,7 @@ class AcceptErrorsOncePerSecond(logging.Filter):
             return False
         self.last = now
         record.exc_info, record.exc_text = None, None
-        record.msg, record.args = ("cannot accept a connection: out of open files (%d "
-                                   "allowed); raise `ulimit -n`" % resource.getrlimit(
-                                       resource.RLIMIT_NOFILE)[0]), ()
+        allowed = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        record.msg, record.args = (f"cannot accept a connection: out of open files ({allowed} "
+                                   "allowed); raise `ulimit -n`"), ()
         return True

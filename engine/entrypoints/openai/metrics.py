@@ -9,6 +9,8 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from engine.spec_decode.metrics import SpecDecodingStats
+
 # seconds; upstream's buckets, trimmed to what a CPU engine sees
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -42,6 +44,7 @@ class Metrics:
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix "
                                    "cache.", labels, registry=r).labels(model_name)
         self._prefix_seen = (0, 0)  # the block manager's totals at the last step
+        self._spec: SpecDecodingProm | None = None  # once a step reports speculation
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels,
                                          registry=r).labels(model_name)
         self._success = Counter("vllm:request_success", "Requests finished, by reason.",
@@ -67,6 +70,10 @@ class Metrics:
         self.prefix_queries.inc(max(stats.prefix_cache_queries - queries, 0))
         self.prefix_hits.inc(max(stats.prefix_cache_hits - hits, 0))
         self._prefix_seen = (stats.prefix_cache_queries, stats.prefix_cache_hits)
+        if stats.spec_decoding is not None:
+            if self._spec is None:
+                self._spec = SpecDecodingProm(self.registry, self.model_name)
+            self._spec.observe(stats.spec_decoding)
 
     def on_output(self, state, num_tokens: int, now: float) -> None:
         """A request gained num_tokens (state: its times before them)."""
@@ -88,3 +95,37 @@ class Metrics:
             MultiProcessCollector(registry)
             return generate_latest(registry)
         return generate_latest(self.registry)
+
+
+class SpecDecodingProm:
+    """Speculative decoding's acceptance counters, as upstream's: drafts
+    (verifications), draft tokens, accepted tokens in all and by position;
+    fed with the core's totals since start."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        labels, r = ["model_name"], registry
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Speculative verifications (a "
+                              "request's step with drafts).", labels, registry=r
+                              ).labels(model_name)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens "
+                                    "verified.", labels, registry=r).labels(model_name)
+        self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens "
+                                "accepted.", labels, registry=r).labels(model_name)
+        self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens "
+                               "accepted, by position in their step's drafts.",
+                               labels + ["position"], registry=r)
+        self.model_name = model_name
+        self._seen = SpecDecodingStats()
+
+    def observe(self, totals: SpecDecodingStats) -> None:
+        seen = self._seen
+        self.drafts.inc(max(totals.num_drafts - seen.num_drafts, 0))
+        self.draft_tokens.inc(max(totals.num_draft_tokens - seen.num_draft_tokens, 0))
+        self.accepted.inc(max(totals.num_accepted_tokens - seen.num_accepted_tokens, 0))
+        before = seen.num_accepted_tokens_per_pos
+        for pos, n in enumerate(totals.num_accepted_tokens_per_pos):
+            old = before[pos] if pos < len(before) else 0
+            self.per_pos.labels(self.model_name, str(pos)).inc(max(n - old, 0))
+        self._seen = SpecDecodingStats(totals.num_drafts, totals.num_draft_tokens,
+                                       totals.num_accepted_tokens,
+                                       list(totals.num_accepted_tokens_per_pos))

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI API as upstream vLLM serves them. A field the
-engine implements is applied; one it does not (beam search, guided decoding,
-tools, suffix, ...) is refused by name (400) when set to anything but its
-default, never silently ignored; fields that change nothing about the answer
-(user, metadata, ...) and unknown ones are ignored, as upstream ignores them.
+engine implements is applied; one it does not (beam search, suffix, best_of,
+...) is refused by name (400) when set to anything but its default, never
+silently ignored; fields that change nothing about the answer (user,
+metadata, ...) and unknown ones are ignored, as upstream ignores them.
 Numbers and ids are strict: "1" is not an int, true is not a token id."""
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ def _is_set(value, default) -> bool:
 # name -> the value that means "unset" (anything else is refused by name)
 REFUSED_COMMON: dict[str, object] = {"use_beam_search": False, "best_of": None, "length_penalty": 1.0,
                   "allowed_token_ids": None, "bad_words": [],
-                  "truncate_prompt_tokens": None, "guided_json": None, "guided_regex": None,
-                  "guided_choice": None, "guided_grammar": None, "structured_outputs": None,
+                  "truncate_prompt_tokens": None,
                   "skip_special_tokens": True, "logits_processors": None,
                   "return_tokens_as_token_ids": None, "logprob_token_ids": None}
 
@@ -67,9 +66,6 @@ class _Sampling(BaseModel):
             value = extra.get(name, getattr(self, name, None))
             if _is_set(value, default):
                 return name
-        rf = self.response_format
-        if rf is not None and rf.get("type") != "text":
-            return "response_format"
         return None
 
     def refused(self) -> dict:
@@ -181,14 +177,14 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict | None = None
-    tools: list | None = None
-    tool_choice: object = None
+    tools: list[dict] | None = None
+    tool_choice: StrictStr | dict | None = None  # None: auto with tools, else none
+    parallel_tool_calls: StrictBool | None = True
 
     def refused(self) -> dict:
-        return {"tools": None, "functions": None, "function_call": None, "echo": False,
+        return {"functions": None, "function_call": None, "echo": False,
                 "continue_final_message": False, "chat_template": None, "documents": None,
-                "audio": None, "prediction": None,
-                "tool_choice": None if self.tool_choice != "none" else "none"}
+                "audio": None, "prediction": None}
 
     def check(self) -> None:
         super().check()

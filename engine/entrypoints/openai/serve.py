@@ -43,6 +43,25 @@ class _Front:
         self.template = chat_utils.load_template(self.path, args.chat_template)
         self.special_tokens = chat_utils.special_tokens(self.path)
         self.max_tok_bytes = max_token_bytes(self.tokenizer)
+        tool_calls(args)
+
+
+def tool_calls(args) -> None:
+    """--tool-parser-plugin runs (in every API server process), and
+    --tool-call-parser and --reasoning-parser name parsers; ValueError in one
+    line otherwise."""
+    from engine.entrypoints.openai.tool_parsers import get_tool_parser, import_tool_parser
+
+    if args.tool_parser_plugin:
+        import_tool_parser(args.tool_parser_plugin)
+    if args.tool_call_parser:
+        get_tool_parser(args.tool_call_parser)
+    elif args.enable_auto_tool_choice:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if args.reasoning_parser:
+        from engine.reasoning import get_reasoning_parser
+
+        get_reasoning_parser(args.reasoning_parser)
 
 
 def serve(args) -> int:
@@ -51,6 +70,10 @@ def serve(args) -> int:
     from engine.entrypoints.openai.stream_pacer import parse_interval
 
     parse_interval(args.stream_interval)  # before the model loads: bad input fails fast
+    from engine.structured_output import StructuredOutputsConfig
+
+    StructuredOutputsConfig.parse(args.structured_outputs_config)
+    tool_calls(args)
     count = getattr(args, "api_server_count", 1)
     listener = _listen(args.host, args.port)  # a busy port, too, before minutes of loading
     if listener is None:
@@ -88,6 +111,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
+    from engine.core import cpu_share
     from engine.entrypoints.openai import connection_limits
 
     names = args.served_model_name or [args.model]
@@ -101,8 +125,11 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         max_model_len=ready.max_model_len, created=int(time.time()),
                         max_body_bytes=args.max_request_body_bytes or
                         default_max_body_bytes(ready.max_model_len),
-                        max_tok_bytes=front.max_tok_bytes)
-    if front.template is None and client.client_index == 0:
+                        max_tok_bytes=front.max_tok_bytes,
+                        tool_call_parser=args.tool_call_parser,
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        reasoning_parser=args.reasoning_parser)
+    if front.template is None and client.client_index == 0 and not ready.pooling_tasks:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)
     app = build_app(state)
@@ -114,6 +141,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()
     gc.freeze()
+    cpu_share.attach(client.core.addresses.cpu_share, client.client_index)
     fds = connection_limits.raise_fd_limit()
     logging.getLogger("asyncio").addFilter(connection_limits.AcceptErrorsOncePerSecond())
     config = uvicorn.Config(app, host=args.host, port=args.port,

@@ -2,21 +2,25 @@
 the assistant's answer whole or streamed."""
 from __future__ import annotations
 
-import asyncio
+import json
 
 from fastapi import Request
 
+from engine.core import cpu_share
 from engine.core.input_processor import check_unicode
 from engine.entrypoints import chat_utils
+from engine.entrypoints.openai.chat_tools import ToolError, ToolMode, ToolStream, check_tools
 from engine.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       check_prompt_fits,
                                                       check_request,
-                                                      error_response, full_answer,
-                                                      make_sequences, run, run_to_end, sse,
+                                                      failure_response, full_answer,
+                                                      make_sequences, output_constraint,
+                                                      run, run_to_end, sse,
                                                       unless_disconnected, usage,
                                                       usage_per_chunk, wants_usage)
+from engine.reasoning import ReasoningParser, ReasoningStream, get_reasoning_parser
 
 # the template's own arguments: chat_template_kwargs may not name them
 RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
@@ -24,16 +28,21 @@ RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest,
                                  request: Request):
-    name, seqs = await chat_sequences(state, body)
+    name, seqs, tools = await chat_sequences(state, body)
     admit(state, seqs, "n")
     if body.stream:
-        return sse(_stream(state, seqs, name, body), state, seqs)
-    return await unless_disconnected(request, _full(state, seqs, name), state, seqs)
+        return sse(_stream(state, seqs, name, body, tools), state, seqs)
+    return await unless_disconnected(request, _full(state, seqs, name, tools), state, seqs)
 
 
 async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
-    """(the served model's name, the checked sequences of the rendered chat)."""
+    """(the served model's name, the checked sequences of the rendered chat,
+    what its tools ask of the answer)."""
     name = check_request(state, body)
+    try:
+        tools = check_tools(body, state.tool_call_parser, state.enable_auto_tool_choice)
+    except (ToolError, ValueError) as exc:
+        raise APIError(400, str(exc), getattr(exc, "field", "tool_choice")) from None
     if state.chat_template is None:
         raise APIError(400, "this model has no chat template (none in its "
                        "tokenizer_config.json or chat_template.jinja); use /v1/completions "
@@ -45,17 +54,23 @@ async def chat_sequences(state: ServerState, body: ChatCompletionRequest):
                        f"as the request's own fields", "chat_template_kwargs")
     messages, template = _messages(body), state.chat_template
     try:  # in a worker thread, bounded in time and size (chat_utils): templates are code
-        text = await asyncio.get_running_loop().run_in_executor(None, lambda: chat_utils.render(
+        text = await cpu_share.in_thread(lambda: chat_utils.render(
             template, messages, add_generation_prompt=body.add_generation_prompt,
-            tokens={**state.special_tokens, **kwargs}, tools=None, documents=None))
+            tokens={**state.special_tokens, **kwargs}, tools=body.tools or None,
+            documents=None))
     except chat_utils.ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages") from None
     check_prompt_fits(state, text, "messages")
     # as transformers' apply_chat_template(tokenize=True): the template
     # already wrote the special tokens it wants
     ids = await state.llm.tokenize(text, add_special_tokens=False)
+    constraint = await output_constraint(body, tools.constraint())
+    reasoner = _reasoner(state)
+    if constraint is not None and reasoner is not None:  # the core constrains after it
+        constraint.reasoning_end = await state.llm.tokenize(reasoner.end_token,
+                                                            add_special_tokens=False)
     return name, await make_sequences(state, body, ids, 0, body.max_new_tokens(),
-                                      lambda n: state.max_model_len - n)
+                                      lambda n: state.max_model_len - n, constraint), tools
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict]:
@@ -64,6 +79,8 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
         d = m.model_dump(exclude_none=False)
         if m.content is None:  # an assistant's tool-call turn: no text, as upstream reads it
             d["content"] = ""
+        if isinstance(d.get("tool_calls"), list):  # templates index the arguments (upstream)
+            d["tool_calls"] = [_with_dict_arguments(c, i) for c in d["tool_calls"]]
         if isinstance(m.content, list):  # parts: the text ones, joined as upstream does
             texts = []
             for part in m.content:
@@ -80,37 +97,80 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def _reasoner(state: ServerState) -> ReasoningParser | None:
+    return get_reasoning_parser(state.reasoning_parser)() if state.reasoning_parser else None
+
+
+def _with_reasoning(message: dict, reasoning: str | None, content: str | None) -> dict:
+    """vLLM's reasoning_content (and its newer name, reasoning) beside the content."""
+    if content is None and not message.get("tool_calls"):
+        message["content"] = None
+    return {**message, "reasoning_content": reasoning, "reasoning": reasoning}
+
+
+def _with_dict_arguments(call, i: int):
+    f = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(f["arguments"])
+    except json.JSONDecodeError:
+        raise APIError(400, f"messages.{i}.tool_calls: function.arguments must be a JSON "
+                       "object", "messages") from None
+    return {**call, "function": {**f, "arguments": args}}
+
+
 def _logprobs(state, ids, entries):
     return None if entries is None else chat_logprobs(state.llm.tokenizer, ids, entries)
 
 
-async def _full(state: ServerState, seqs, name: str):
+async def _full(state: ServerState, seqs, name: str, tools: ToolMode):
     dead = await run_to_end(state, seqs)
     if dead is not None:
-        return error_response(500, dead)
-    choices = [{"index": i, "message": {"role": "assistant",
-                                        "content": s.text},
-                "logprobs": _logprobs(state, s.output_token_ids,
-                                      s.logprobs if s.params.logprobs is not None else None),
-                "finish_reason": s.finish_reason, "stop_reason": s.stop_reason}
-               for i, s in enumerate(seqs)]
+        return failure_response(dead)
+    choices, reasoner = [], _reasoner(state)
+    for i, s in enumerate(seqs):
+        reasoning, content = reasoner.extract(s.text) if reasoner else (None, s.text)
+        message, finish = tools.message(content or "", s.finish_reason)
+        if reasoner is not None:
+            message = _with_reasoning(message, reasoning, content)
+        choices.append({"index": i, "message": message,
+                        "logprobs": _logprobs(state, s.output_token_ids, s.logprobs
+                                              if s.params.logprobs is not None else None),
+                        "finish_reason": finish, "stop_reason": s.stop_reason})
     out = full_answer("chatcmpl", "chat.completion", name, choices, seqs)
     if seqs[0].params.prompt_logprobs is not None:  # vLLM's field, of the rendered prompt
         out["prompt_logprobs"] = vllm_prompt_logprobs(state.llm.tokenizer, seqs[0])
     return out
 
 
-async def _stream(state: ServerState, seqs, name: str, body):
+async def _stream(state: ServerState, seqs, name: str, body, tools: ToolMode):
     chunk = Chunks("chatcmpl", "chat.completion.chunk", name)
     live_usage = usage_per_chunk(body, seqs)
     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                   "finish_reason": None} for i in range(len(seqs))], live_usage())
+    streams = [ToolStream(tools) for _ in seqs]
+    reasoner = _reasoner(state)
+    thoughts = [ReasoningStream(reasoner) for _ in seqs] if reasoner is not None else None
+    called = [False] * len(seqs)
     async for i, update in run(state, seqs):
-        delta = update.text
+        finish = update.finish_reason
+        thought, text = "", update.text
+        if thoughts is not None:
+            thought, text = thoughts[i].feed(update.text, finish is not None)
+        deltas = streams[i].deltas(text, finish is not None)
+        if thought:
+            deltas.insert(0, {"reasoning_content": thought, "reasoning": thought})
+        called[i] = called[i] or any("tool_calls" in d for d in deltas)
+        if finish is not None:
+            _, finish = tools.message(streams[i].text, finish) if called[i] else (None, finish)
         lp = _logprobs(state, update.new_token_ids, update.logprobs)
-        if delta or lp or update.finish_reason is not None:
-            yield chunk([{"index": i, "delta": {"content": delta} if delta else {},
-                          "logprobs": lp, "finish_reason": update.finish_reason,
+        for d in deltas[:-1]:
+            yield chunk([{"index": i, "delta": d, "logprobs": None, "finish_reason": None}],
+                        live_usage())
+        last = deltas[-1] if deltas else {}
+        if last or lp or finish is not None:
+            yield chunk([{"index": i, "delta": last, "logprobs": lp, "finish_reason": finish,
                           "stop_reason": update.stop_reason}], live_usage())
     if wants_usage(body):
         yield chunk([], usage(seqs))

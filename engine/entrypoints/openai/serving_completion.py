@@ -14,8 +14,9 @@ from engine.entrypoints.openai.protocol import CompletionRequest
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       check_fan_out,
                                                       check_request,
-                                                      error_response, full_answer,
-                                                      make_sequences, run, run_to_end, sse,
+                                                      failure_response, full_answer,
+                                                      make_sequences, output_constraint,
+                                                      run, run_to_end, sse,
                                                       unless_disconnected, usage,
                                                       usage_per_chunk, wants_usage)
 
@@ -30,11 +31,12 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     score_only = body.max_tokens == 0
     param = "prompt" if len(prompts) > 1 else "n"
     check_fan_out(state, len(prompts) * body.n, param)  # before tokenizing 100,000 prompts
+    constraint = await output_constraint(body)
     seqs = []
     for i, prompt in enumerate(prompts):
         seqs += await make_sequences(state, body, prompt, i,
                                      1 if score_only else body.max_tokens,
-                                     lambda n: DEFAULT_MAX_TOKENS)
+                                     lambda n: DEFAULT_MAX_TOKENS, constraint)
     tok = state.llm.tokenizer
     # echo: the prompt as given, or its ids decoded
     echoed = [(p if isinstance(p, str) else tok.decode(p)) if body.echo else ""
@@ -77,7 +79,7 @@ class _Answer:
 async def _full(state: ServerState, seqs, name: str, echoed: list[str], answer: _Answer):
     dead = await run_to_end(state, seqs)
     if dead is not None:
-        return error_response(500, dead)
+        return failure_response(dead)
     choices = [{"index": i, "text": echoed[i] + answer.text(s.text),
                 "logprobs": answer.logprobs(s, s.output_token_ids, s.logprobs, True, 0),
                 "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,

@@ -20,6 +20,9 @@ from engine.core.engine_client import EngineClient
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
 from engine.entrypoints.openai.request_limits import prompt_surely_too_long
+from engine.entrypoints.openai.structured_outputs import StructuredOutputError
+from engine.entrypoints.openai import structured_outputs
+from engine.sampling_params import StructuredOutputsParams
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                405: "MethodNotAllowed", 500: "InternalServerError", 503: "ServiceUnavailable"}
@@ -70,6 +73,20 @@ class ServerState:
     created: int
     max_body_bytes: int | None = None  # a larger body is a 413 (None: no bound)
     max_tok_bytes: int | None = None  # the tokenizer's longest token, in UTF-8 bytes
+    # tool calling and reasoning (--tool-call-parser, --enable-auto-tool-choice,
+    # --reasoning-parser): parser names
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
+
+
+def failure_response(line: str) -> JSONResponse:
+    """A request the engine failed: a 400 naming structured_outputs where its
+    grammar would not compile in the core, else a 500."""
+    if "structured_outputs:" in line:
+        return error_response(400, line.split("structured_outputs:", 1)[1].strip(),
+                              "structured_outputs")
+    return error_response(500, line)
 
 
 def check_prompt_fits(state: ServerState, text: str, param: str) -> None:
@@ -99,11 +116,25 @@ def check_request(state: ServerState, body: _Sampling) -> str:
     return body.model or state.model_names[0]
 
 
+async def output_constraint(body: _Sampling, given: tuple | None = None
+                            ) -> StructuredOutputsParams | None:
+    """The request's structured output (given: (params, field) made for it, as
+    tool_choice required makes), checked (a 400 naming its field), or None."""
+    try:
+        found = given or structured_outputs.from_request(body)
+        if found is not None:
+            await structured_outputs.check(*found)
+    except StructuredOutputError as exc:
+        raise APIError(400, str(exc), exc.field) from None
+    return found[0] if found is not None else None
+
+
 async def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: int,
-                         max_tokens: int | None, default_max_tokens) -> list:
+                         max_tokens: int | None, default_max_tokens,
+                         constraint: StructuredOutputsParams | None = None) -> list:
     """body.n requests of one prompt. max_tokens: what the request asked
     for (checked against the context), None for default_max_tokens(prompt
-    length)."""
+    length); constraint: the output's (output_constraint)."""
     llm = state.llm
     if isinstance(prompt, str):
         check_prompt_fits(state, prompt, "prompt")
@@ -111,6 +142,8 @@ async def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_ind
         defaults = llm.model_config.generation_defaults
         params = [body.sampling_params(max_tokens or max(body.min_tokens, 1), j, defaults)
                   for j in range(body.n)]
+        for p in params:
+            p.structured_outputs = constraint
     except ValueError as exc:
         raise APIError(400, str(exc), str(exc).split(" ")[0].rstrip(":")) from None
     try:

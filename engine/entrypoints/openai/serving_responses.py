@@ -1,10 +1,11 @@
 """POST /v1/responses: the OpenAI Responses API, text in and text out, whole
-or streamed as its typed events, as upstream vLLM serves it without tools.
+or streamed as its typed events, as upstream vLLM serves it without tools;
+text.format json_object and json_schema constrain the output.
 The input (a string, or messages whose content is text or input_text /
 output_text parts) and the instructions (a system message first) go through
 the model's chat template, as a chat completion's messages do. Nothing is
 stored: `previous_response_id` and `background` are refused, as are tools,
-reasoning and a text format other than plain text (400 naming them)."""
+reasoning and other text formats (400 naming them)."""
 from __future__ import annotations
 
 import secrets
@@ -17,7 +18,8 @@ from pydantic import ValidationError
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_chat import chat_sequences
 from engine.entrypoints.openai.serving_engine import (APIError, ServerState, admit,
-                                                      error_response, run, run_to_end, sse,
+                                                      failure_response, run,
+                                                      run_to_end, sse,
                                                       unless_disconnected)
 
 
@@ -44,7 +46,7 @@ class ResponsesRequest(BaseModel):
                           ("background", bool(extra.get("background"))),
                           ("reasoning", extra.get("reasoning") is not None),
                           ("include", bool(extra.get("include"))),
-                          ("text", fmt != "text"),
+                          ("text", fmt not in ("text", "json_object", "json_schema")),
                           ("tool_choice", extra.get("tool_choice") not in (None, "none", "auto"))):
             if bad:
                 return name
@@ -80,16 +82,31 @@ async def create_response(state: ServerState, body: ResponsesRequest, request: R
     try:
         chat = ChatCompletionRequest.model_validate(
             {"model": body.model, "messages": body.messages(), "temperature": body.temperature,
-             "top_p": body.top_p, "max_completion_tokens": body.max_output_tokens})
+             "top_p": body.top_p, "max_completion_tokens": body.max_output_tokens,
+             "response_format": _response_format(body)})
     except ValidationError as exc:
         first = exc.errors()[0]
         raise APIError(400, f"input: {first.get('msg', 'invalid')}", "input") from None
-    name, seqs = await chat_sequences(state, chat)
+    try:
+        name, seqs, _ = await chat_sequences(state, chat)
+    except APIError as exc:  # the schema's faults, named where this API takes it
+        if exc.param == "response_format":
+            exc.param, exc.message = "text.format", exc.message.replace("response_format",
+                                                                        "text.format")
+        raise
     admit(state, seqs, "input")
     head = _Head(name, body)
     if body.stream:
         return sse(_stream(state, seqs[0], head), state, seqs, events=True)
     return await unless_disconnected(request, _full(state, seqs[0], head), state, seqs)
+
+
+def _response_format(body: ResponsesRequest) -> dict | None:
+    """text.format as a chat request's response_format (the schema beside its type)."""
+    fmt = ((body.model_extra or {}).get("text") or {}).get("format") or {}
+    if fmt.get("type") != "json_schema":
+        return fmt or None
+    return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
 
 class _Head:
@@ -134,7 +151,7 @@ def _usage(seq) -> dict:
 async def _full(state: ServerState, seq, head: _Head):
     dead = await run_to_end(state, [seq])
     if dead is not None:
-        return error_response(500, dead)
+        return failure_response(dead)
     return head.response(seq, seq.text)
 
 

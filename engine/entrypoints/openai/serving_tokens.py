@@ -2,12 +2,12 @@
 /tokenize and /detokenize (outside /v1, without the API key, as upstream's)."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 from fastapi import Depends, FastAPI, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
+from engine.core import cpu_share
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, json_body
 
 
@@ -68,8 +68,7 @@ def add_token_routes(app: FastAPI, state: ServerState) -> None:
         except ValueError as exc:  # not Unicode text
             raise APIError(400, f"prompt: {exc}", "prompt") from None
         if len(ids) > LONG_ANSWER_IDS:
-            answer = await asyncio.get_running_loop().run_in_executor(
-                None, tokens_json, ids, state.max_model_len)
+            answer = await cpu_share.in_thread(tokens_json, ids, state.max_model_len)
             return Response(answer, media_type="application/json")
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids,
                 "token_strs": None}

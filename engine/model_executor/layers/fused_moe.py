@@ -26,7 +26,7 @@ class MoeShape:
     shared_intermediate: int  # 0: no shared expert
 
     @classmethod
-    def of(cls, c: ModelConfig) -> "MoeShape":
+    def of(cls, c: ModelConfig) -> MoeShape:
         hf = c.hf
         experts = hf.get("num_local_experts") or hf.get("num_experts") or 0
         if c.model_type == "mixtral":

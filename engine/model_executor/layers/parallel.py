@@ -16,11 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
-from engine.distributed.communication_op import (tensor_model_parallel_all_gather,
-                                                 tensor_model_parallel_all_reduce)
+from engine.distributed.communication_op import (
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
 from engine.distributed.parallel_state import pp_layer_range, pp_rank, pp_size, tp_rank, tp_size
 from engine.model_executor.layers.fused_moe import MoeShape
-
 
 #: the architectures whose layers and checkpoint names this module splits
 #: (Phi-3's fused qkv_proj/gate_up_proj, OPT and Gemma are not split yet)

@@ -6,7 +6,8 @@ default logprobs mode), recorded on the sequence.
 
 The processing steps are batched tensor ops and run only when some request
 of the batch asks for them: a batch of plain requests pays one argmax and
-the per-row draw it always paid."""
+the per-row draw it always paid; a grammar bitmask (structured outputs) masks
+the rows of constrained requests first."""
 from __future__ import annotations
 
 import logging
@@ -18,11 +19,15 @@ from engine.sampling_params import SamplingParams
 logger = logging.getLogger("engine")
 
 
-def sample(logits: torch.Tensor, seqs: list, eos_token_ids=()) -> list[int]:
+def sample(logits: torch.Tensor, seqs: list, eos_token_ids=(),
+           grammar_bitmask: torch.Tensor | None = None) -> list[int]:
     """seqs: the batch's Sequences (token_ids, num_prompt_tokens, params,
-    generator(device), logprobs)."""
+    generator(device), logprobs); grammar_bitmask: a row of packed bits per
+    sequence (structured outputs), whose zero bits no token may be drawn from."""
     params: list[SamplingParams] = [s.params for s in seqs]
     logits = logits.float()
+    if grammar_bitmask is not None:  # first, as upstream: logprobs see the mask too
+        logits = apply_grammar_bitmask(logits, grammar_bitmask)
     raw = logits
     if any(p.needs_processing for p in params):
         logits = process_logits(logits, seqs, eos_token_ids)
@@ -38,7 +43,30 @@ def sample(logits: torch.Tensor, seqs: list, eos_token_ids=()) -> list[int]:
     return out
 
 
+def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Tokens whose bit is 0 get -inf (bit j of int32 word w is token 32w + j);
+    columns past the bitmask's vocabulary (padding) too."""
+    vocab = logits.shape[-1]
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.to(logits.device).unsqueeze(-1) >> bits) & 1).bool()
+    allowed = allowed.flatten(1)[:, :vocab]
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 def _draw(row: torch.Tensor, p: SamplingParams, g: torch.Generator | None, best: int) -> int:
+    probs = probabilities(row, p)
+    try:
+        return int(torch.multinomial(probs, 1, generator=g))
+    except RuntimeError:  # nan/inf logits (a model fault): the request goes on, greedily
+        logger.warning("non-finite probabilities while sampling; took the argmax instead")
+        return best
+
+
+def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a (non-greedy) request samples from: the row's
+    softmax after temperature, min_p, top-k and top-p."""
     row = row / p.temperature
     if p.min_p > 0:
         probs = torch.softmax(row, -1)
@@ -52,12 +80,7 @@ def _draw(row: torch.Tensor, p: SamplingParams, g: torch.Generator | None, best:
         # drop tokens once the ones before them already reach top_p
         drop = probs.cumsum(-1) - probs >= p.top_p
         row = row.scatter(0, idx[drop], float("-inf"))
-    probs = torch.softmax(row, -1)
-    try:
-        return int(torch.multinomial(probs, 1, generator=g))
-    except RuntimeError:  # nan/inf logits (a model fault): the request goes on, greedily
-        logger.warning("non-finite probabilities while sampling; took the argmax instead")
-        return best
+    return torch.softmax(row, -1)
 
 
 def process_logits(logits: torch.Tensor, seqs: list, eos_token_ids=()) -> torch.Tensor:

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING
 from engine.model_executor.layers.linear import Linear
 from engine.model_executor.layers.quantization import wna16_formats
 from engine.model_executor.layers.quantization.compressed_tensors import (
-    METHOD, SUPPORTED, CompressedTensorsConfig)
+    METHOD,
+    SUPPORTED,
+    CompressedTensorsConfig,
+)
 from engine.model_executor.layers.quantization.gptq_awq import AWQConfig, GPTQConfig
 from engine.model_executor.layers.quantization.wna16 import WNA16
 

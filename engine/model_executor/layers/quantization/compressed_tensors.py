@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.model_executor.layers.quantization.wna16_formats import read_compressed_tensors
 from engine.model_executor.layers.quantization.w8a8 import W8A8Int8
 from engine.model_executor.layers.quantization.wna16 import WNA16
+from engine.model_executor.layers.quantization.wna16_formats import read_compressed_tensors
 
 METHOD = "compressed-tensors"
 SUPPORTED = ("compressed-tensors int-quantized W8A8 (int8 weights symmetric per channel; "
@@ -85,7 +85,7 @@ class CompressedTensorsConfig:
     path: str
 
     @classmethod
-    def parse(cls, qc: dict, path: str) -> "CompressedTensorsConfig":
+    def parse(cls, qc: dict, path: str) -> CompressedTensorsConfig:
         fmt = qc.get("format")
         if fmt not in ("int-quantized", "pack-quantized", "mixed-precision"):
             raise unsupported(path, f"format {fmt!r}")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.model_executor.layers.quantization.wna16_formats import read_awq, read_gptq
 from engine.model_executor.layers.quantization.compressed_tensors import unsupported
 from engine.model_executor.layers.quantization.wna16 import WNA16
+from engine.model_executor.layers.quantization.wna16_formats import read_awq, read_gptq
 
 
 def _group_size(path: str, qc: dict, key: str) -> int:
@@ -52,7 +52,7 @@ class GPTQConfig(_WeightOnly):
     zero_offset: int = 1
 
     @classmethod
-    def parse(cls, qc: dict, path: str) -> "GPTQConfig":
+    def parse(cls, qc: dict, path: str) -> GPTQConfig:
         bits = qc.get("bits")
         if bits not in (4, 8):
             raise unsupported(path, f"GPTQ with bits={bits!r} (4 and 8 run)")
@@ -77,7 +77,7 @@ class AWQConfig(_WeightOnly):
     group_size: int = 128
 
     @classmethod
-    def parse(cls, qc: dict, path: str) -> "AWQConfig":
+    def parse(cls, qc: dict, path: str) -> AWQConfig:
         bits = qc.get("bits", qc.get("w_bit", 4))
         if bits != 4:
             raise unsupported(path, f"AWQ with bits={bits!r} (4 runs)")

@@ -44,7 +44,8 @@ def quantization_config(ignore: tuple[str, ...] = (), scheme: str = "w8a8",
                 "ignore": ["lm_head", *ignore], "config_groups": groups}
     return {
         "quant_method": "compressed-tensors", "format": "int-quantized",
-        "quantization_status": "compressed", "kv_cache_scheme": None, "ignore": ["lm_head", *ignore],
+        "quantization_status": "compressed", "kv_cache_scheme": None,
+        "ignore": ["lm_head", *ignore],
         "config_groups": {"group_0": {
             "targets": ["Linear"], "output_activations": None,
             "weights": {**int8, "strategy": "channel", "dynamic": False, "observer": "minmax"},
@@ -113,7 +114,7 @@ def quantize(src: Path, dst: Path, scheme: str = "w8a8", ignore: tuple[str, ...]
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(file, "pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle is not iterable
                 t = f.get_tensor(key)
                 layer = key[:-len(".weight")]
                 quantized = key.endswith(".weight") and layer in layers.quantize

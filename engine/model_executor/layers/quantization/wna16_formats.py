@@ -46,7 +46,7 @@ class Reader:
         for file in sorted(Path(path).glob("*.safetensors")):
             f = safe_open(file, "pt")
             self.files.append(f)
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle is not iterable
                 self.where[key] = f
         self.read: set[str] = set()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -68,5 +67,5 @@ def test_serve_malformed_gguf_is_one_line(q8_file, tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: {bad}: not a valid GGUF file: tensor ")
-    assert lines[0].endswith("runs past the end of the file (%d bytes): the file is truncated "
-                             "or its offsets are wrong" % bad.stat().st_size)
+    assert lines[0].endswith(f"runs past the end of the file ({bad.stat().st_size} bytes): the "
+                             "file is truncated or its offsets are wrong")

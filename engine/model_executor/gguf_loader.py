@@ -123,7 +123,7 @@ def load_gguf(model: CausalLM, file: Path) -> None:
             if arch.startswith("gemma") and key.endswith("norm.weight"):
                 value -= 1.0
             if part is not None:
-                start = sum(getattr(dest, "shard_sizes")[:part])  # a fused parameter's
+                start = sum(getattr(dest, "shard_sizes", ())[:part])  # a fused parameter's
                 dest = dest[start:start + shape[0]]
             dest.copy_(value)
     for key, (name, part) in mapping.items():
@@ -155,7 +155,7 @@ def _match(model: CausalLM, reader, file: Path, arch: str, mapping: dict, params
                              f"{type(model).__name__} ({model.config.architecture})")
         name, part = mapping[key]
         dest = params[name]
-        rows = getattr(dest, "shard_sizes")[part] if part is not None else dest.shape[0]
+        rows = getattr(dest, "shard_sizes", ())[part] if part is not None else dest.shape[0]
         want = (rows, *dest.shape[1:])
         shape = tuple(reversed([int(d) for d in t.shape]))
         if shape != want:

@@ -12,7 +12,7 @@ half-groups as it covers one."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -75,7 +75,7 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)  # one part: no copy
 
 
-@lru_cache(maxsize=None)
+@cache
 def _ones(n: int) -> torch.Tensor:
     return torch.ones(n, 1)
 

@@ -129,6 +129,9 @@ def _serve_parser(sub) -> None:
                    help="a Jinja chat template file, instead of the model's")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    from engine.entrypoints.openai.cli_args import add_vllm_args
+
+    add_vllm_args(s)  # upstream's other flags: honoured, or refused by name
 
 
 def _positive(text: str) -> int:
@@ -272,7 +275,10 @@ def serve(args) -> int:
     import logging
 
     from engine import envs
+    from engine.entrypoints.openai.cli_args import check_args
     from engine.entrypoints.openai.serve import serve as run
+
+    check_args(args)
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
     args.api_key = args.api_key or envs.api_key()

@@ -45,6 +45,7 @@ class EngineConfig:
     data_parallel_rank: int = 0  # this replica's (its ranks' CPUs come after the ones before)
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
+    seed: int | None = None  # the global sampler seed of requests without their own
 
     @property
     def world_size(self) -> int:
@@ -172,7 +173,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          enable_chunked_prefill: bool | None = None,
                          enable_prefix_caching: bool | None = None,
                          data_parallel_size: int = 1, data_parallel_rank: int = 0,
-                         pipeline_parallel_size: int = 1,
+                         pipeline_parallel_size: int = 1, seed: int | None = None,
                          ) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
@@ -205,7 +206,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix)
+                        prefix, seed)
 
 
 def check_data_parallel(dp: int, rank: int, backend: str | None) -> None:
@@ -256,13 +257,15 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching")
+                    "enable_prefix_caching", "seed")
 
 
 def cli_engine_args(args) -> dict:
     """The engine arguments of a command line's flags (those the command has)."""
-    return {name: getattr(args, name) for name in _CLI_ENGINE_ARGS
-            if hasattr(args, name)} | gpu_memory(args)
+    out = {name: getattr(args, name) for name in _CLI_ENGINE_ARGS if hasattr(args, name)}
+    if getattr(args, "num_gpu_blocks_override", None):  # vLLM's name for num_kv_blocks
+        out["num_kv_blocks"] = args.num_gpu_blocks_override
+    return out | gpu_memory(args)
 
 
 def gpu_memory(args) -> dict:

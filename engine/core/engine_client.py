@@ -24,7 +24,8 @@ class EngineClient(Protocol):
     scheduler_stats: SchedulerStats  # as of the core's last step
 
     async def make_request(self, prompt, params: SamplingParams, index: int = 0,
-                           add_special_tokens: bool = True) -> RequestState: ...
+                           add_special_tokens: bool = True,
+                           request_id: str | None = None) -> RequestState: ...
 
     def add(self, states: list[RequestState]) -> None: ...
 

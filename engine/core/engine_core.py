@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine.core.scheduler import Scheduler, SchedulerOutput
@@ -30,6 +32,8 @@ class EngineCore:
         self.max_model_len = c.max_model_len
         self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
         self.executor = make_executor(c, self.blocks)
+        if c.seed is not None:  # unseeded requests draw from the global generator
+            torch.manual_seed(c.seed)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, tuple(c.model.eos_token_ids),
                                    c.max_model_len)
@@ -79,6 +83,11 @@ class EngineCore:
         self.last_scheduled = [s.request_id for s in out.scheduled]
         if not out.scheduled:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
+        started = time.monotonic()
+        step_tokens = sum(s.num_scheduled_tokens for s in out.scheduled)
+        for s in out.scheduled:
+            if s.first_scheduled is None:
+                s.first_scheduled = started
         failed: list[str] = []
         failure = None
         try:
@@ -91,9 +100,15 @@ class EngineCore:
             self.scheduler.copies_done()
         outputs = self.scheduler.update_from_output(out, tokens)
         for o in outputs:
+            seq = self.requests.get(o.request_id)
+            if seq is not None and not seq.scheduled_sent:
+                o.scheduled_time, seq.scheduled_sent = seq.first_scheduled or started, True
             if o.finish_reason is not None:
                 self.requests.pop(o.request_id, None)
-        return EngineCoreOutputs(outputs, self.make_stats(), time.monotonic(),
+                o.num_preemptions = seq.num_preemptions if seq is not None else 0
+        stats = self.make_stats()
+        stats.num_scheduled_tokens = step_tokens
+        return EngineCoreOutputs(outputs, stats, time.monotonic(),
                                  failed_request_ids=failed, failure=failure)
 
     def _one_at_a_time(self, out: SchedulerOutput, exc: Exception):

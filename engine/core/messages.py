@@ -39,6 +39,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     finish_reason: str | None = None  # "stop" | "length"; set on its last output
     stop_reason: int | None = None  # the stop token id that ended it
     num_cached_tokens: int = 0  # prompt tokens the prefix cache had (first output only)
+    # /metrics: when the request first ran (time.monotonic, machine-wide; first output
+    # only) and how often it was preempted (last output only)
+    scheduled_time: float = 0.0
+    num_preemptions: int = 0
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -50,6 +54,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     prefix_cache_queries: int = 0  # totals since start (prompt tokens looked up)
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    num_scheduled_tokens: int = 0  # the step's tokens (vllm:iteration_tokens_total)
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -19,16 +19,12 @@ from engine.entrypoints.openai.serving_chat import create_chat_completion
 from engine.entrypoints.openai.serving_completion import create_completion
 from engine.entrypoints.openai.serving_responses import ResponsesRequest, create_response
 from engine.entrypoints.openai.http_metrics import HttpMetrics
-from engine.entrypoints.openai.openapi_errors import document_errors
+from engine.entrypoints.openai.openapi_errors import PROBE_RESPONSES, document_errors
 from engine.entrypoints.openai.request_id import RequestIdHeader
 from engine.entrypoints.openai.serving_engine import (APIError, ServerState, error_response,
                                                       json_body, serve_options)
 
 logger = logging.getLogger("engine")
-
-# /health and /ping answer 200 with no body, as upstream's: so the schema says
-EMPTY_200: dict = {200: {"description": "the engine is running (no body)", "content": {}},
-                   503: {"description": "the engine core stopped"}}
 
 __all__ = ["ServerState", "build_app", "serve_options"]
 
@@ -90,13 +86,14 @@ def build_app(state: ServerState, docs: bool = True,
     v1 = [Depends(authorized)]
     v1_json = v1 + [Depends(json_body)]  # the key first: a stranger learns nothing more
 
-    @app.get("/health", responses=EMPTY_200)
+    @app.get("/health", response_class=Response, responses=PROBE_RESPONSES)
     async def health():
         if state.llm.dead is not None:
             return error_response(503, f"the engine loop stopped: {state.llm.dead}")
         return Response(status_code=200)
 
-    @app.api_route("/ping", methods=["GET", "POST"], responses=EMPTY_200)
+    @app.api_route("/ping", methods=["GET", "POST"], response_class=Response,
+                   responses=PROBE_RESPONSES)
     async def ping():  # upstream's load balancer probe: /health by another name
         return await health()
 

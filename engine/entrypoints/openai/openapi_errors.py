@@ -6,6 +6,8 @@ queue is full or the engine is gone), so that a client generated from it
 sent (RequestValidationError answers 400): it is dropped."""
 from __future__ import annotations
 
+import warnings
+
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
@@ -21,14 +23,34 @@ BODY_ERRORS = {400: "a field is invalid, or the body is not JSON sent as applica
                503: "the waiting queue is full (Retry-After) or the engine stopped"}
 
 
+STREAMED = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+
+
+def _error(why: str) -> dict:
+    return {"description": why, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+
+
+# /health and /ping answer 200 with no body (no content type), as upstream's
+PROBE_RESPONSES: dict = {200: {"description": "the engine is running (no body)", "content": {}},
+                         503: _error("the engine core stopped")}
+
+
 def document_errors(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            with warnings.catch_warnings():  # /ping's GET and POST share their operation id
+                warnings.simplefilter("ignore")
+                schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             for path, ops in schema.get("paths", {}).items():
                 for method, op in ops.items():
+                    if len(ops) > 1:
+                        op["operationId"] = f"{op.get('operationId', path)}_{method}"
                     responses = op.setdefault("responses", {})
                     responses.pop("422", None)
+                    if path in STREAMED:  # stream=true answers server-sent events
+                        ok = responses.setdefault("200", {"description": "the answer"})
+                        ok.setdefault("content", {})["text/event-stream"] = {
+                            "schema": {"type": "string"}}
                     if method in ("post", "put", "patch") or path.startswith("/v1"):
                         for status, why in BODY_ERRORS.items():
                             responses.setdefault(str(status), _error(why))
@@ -36,7 +58,3 @@ def document_errors(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _error(why: str) -> dict:
-    return {"description": why, "content": {"application/json": {"schema": ERROR_SCHEMA}}}

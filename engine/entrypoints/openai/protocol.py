@@ -6,14 +6,24 @@ default, never silently ignored; fields that change nothing about the answer
 Numbers and ids are strict: "1" is not an int, true is not a token id."""
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
+                      StrictStr)
 
 from engine.sampling_params import (INT64_MAX, INT64_MIN, SAMPLING_EPS,
                                     SamplingParams, with_model_defaults)
 
 Seed = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+
+
+def _no_bool(value):
+    if isinstance(value, bool):  # pydantic's lax float takes true as 1.0; the schema does not
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_no_bool)]
 
 
 class StreamOptions(BaseModel):
@@ -39,7 +49,7 @@ class _VllmFields(BaseModel):
     best_of: StrictInt | None = Field(default=None, ge=1)  # >= n; the n best are the n
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
-    allowed_token_ids: list[StrictInt] | None = None
+    allowed_token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
     bad_words: list[StrictStr] | None = None
     truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=-1)  # -1: the context
     return_tokens_as_token_ids: StrictBool | None = None  # None: --return-tokens-as-token-ids
@@ -63,10 +73,10 @@ class _Sampling(_VllmFields):
 
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
     top_k: StrictInt | None = None
-    min_p: float | None = None
+    min_p: Number | None = None
     seed: StrictInt | None = Seed
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
@@ -76,9 +86,9 @@ class _Sampling(_VllmFields):
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = Field(default=0, ge=0)
-    presence_penalty: float | None = None  # None: the model's default, else 0
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    presence_penalty: Number | None = None  # None: the model's default, else 0
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None
     logit_bias: dict[str, float] | None = None
     prompt_logprobs: StrictInt | None = Field(default=None, ge=-1)  # vLLM's (-1: the vocab)
     response_format: dict | None = None

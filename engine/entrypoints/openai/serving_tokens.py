@@ -6,7 +6,9 @@ import asyncio
 import json
 
 from fastapi import Depends, FastAPI, Response
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from engine.entrypoints.openai.protocol import ChatMessage
 from engine.entrypoints.openai.serving_chat import render_chat
@@ -50,7 +52,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    tokens: list[StrictInt]
+    tokens: list[Annotated[StrictInt, Field(ge=0)]]
 
 
 def add_token_routes(app: FastAPI, state: ServerState) -> None:

@@ -70,3 +70,19 @@ def store(request, tmp_path):
     if request.param == "local":
         return open_storage(str(tmp_path / "index"))
     return open_storage(f"s3://{request.getfixturevalue('s3_env')}/wheels")
+
+
+@pytest.fixture(scope="session")
+def vllm_compat_server(tmp_path_factory):
+    """One `engine serve` of the tiny model (context 128, served as "tiny")
+    shared by the vLLM-compatibility tests (issue 38: request fields,
+    /metrics, the OpenAPI schema): one start-up instead of one per file."""
+    from engine.cli import main
+    from test_serve import ServerProcess
+
+    model = tmp_path_factory.mktemp("models") / "tiny"
+    assert main(["make-tiny-model", str(model)]) == 0
+    server = ServerProcess(model, "--served-model-name", "tiny", "--max-model-len", "128")
+    server.model = model
+    yield server
+    server.close()

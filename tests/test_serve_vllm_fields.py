@@ -7,23 +7,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import REPO  # noqa: F401 - tests/ on the path
-from test_serve import ServerProcess, tiny_model  # noqa: F401
 
 openai = pytest.importorskip("openai", reason="openai is a dev requirement (requirements/dev.txt)")
 httpx = pytest.importorskip("httpx2", reason="httpx2 comes with openai")
 
 pytestmark = pytest.mark.slow
-LEN = 128  # the server's context: max_tokens past it is cheap to reach
+LEN = 128  # the server's context (conftest's vllm_compat_server): max_tokens past it is cheap
 PROMPT = "hello there"
 LONE_BYTE = 98  # the tiny tokenizer's byte 0x80 alone: no character until more come
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model):  # noqa: F811
-    s = ServerProcess(tiny_model, "--served-model-name", "tiny", "--max-model-len", str(LEN))
-    yield s
-    s.close()
+def server(vllm_compat_server):
+    return vllm_compat_server  # conftest's: context LEN, served as "tiny"
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +28,10 @@ def c(server):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model):  # noqa: F811
+def tokenizer(server):
     import transformers
 
-    return transformers.AutoTokenizer.from_pretrained(tiny_model)
+    return transformers.AutoTokenizer.from_pretrained(server.model)
 
 
 def _complete(c, **extra):
@@ -60,6 +56,9 @@ def test_ids_and_their_text(c, tokenizer):
     # add_special_tokens=false: no <|begin_of_text|> (it was silently added)
     plain = _complete(c, add_special_tokens=False, return_token_ids=True).choices[0]
     assert plain.prompt_token_ids == ids[1:]
+    given = _complete(c, prompt=ids, add_special_tokens=False, truncate_prompt_tokens=3,
+                      return_token_ids=True).choices[0]  # ids: taken as they are (was a 500)
+    assert given.prompt_token_ids == ids[-3:]
     # truncate_prompt_tokens keeps the last tokens, the special ones kept (the peer: [0, 440])
     cut = _complete(c, truncate_prompt_tokens=2, return_token_ids=True).choices[0]
     assert cut.prompt_token_ids == [ids[0], ids[-1]]

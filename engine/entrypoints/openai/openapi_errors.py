@@ -49,8 +49,7 @@ def document_errors(app: FastAPI) -> None:
                     responses.pop("422", None)
                     if path in STREAMED:  # stream=true answers server-sent events
                         ok = responses.setdefault("200", {"description": "the answer"})
-                        ok.setdefault("content", {})["text/event-stream"] = {
-                            "schema": {"type": "string"}}
+                        ok.setdefault("content", {})["text/event-stream"] = {"schema": {}}
                     if method in ("post", "put", "patch") or path.startswith("/v1"):
                         for status, why in BODY_ERRORS.items():
                             responses.setdefault(str(status), _error(why))

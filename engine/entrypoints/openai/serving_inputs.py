@@ -29,15 +29,15 @@ async def prompt_ids(state: ServerState, body: _Sampling, prompt, add_special_to
     if isinstance(prompt, str) and not prompt:
         raise APIError(400, "prompt: Either prompt or prompt_embeds must be provided and "
                        "non-empty.", "prompt")
-    if k is None:
-        return prompt if add_special_tokens else await _tokenize(state, prompt, False)
     if k == -1:
         k = state.max_model_len
-    if k > state.max_model_len:
+    if k is not None and k > state.max_model_len:
         raise APIError(400, f"truncate_prompt_tokens: at most max_model_len "
                        f"({state.max_model_len}), got {k}", "truncate_prompt_tokens")
-    if not isinstance(prompt, str):
-        return list(prompt)[-k:] if k else []
+    if not isinstance(prompt, str):  # token ids: no special tokens to add
+        return list(prompt) if k is None else list(prompt)[-k:] if k else []
+    if k is None:
+        return prompt if add_special_tokens else await _tokenize(state, prompt, False)
     plain = await _tokenize(state, prompt, False)
     full = await _tokenize(state, prompt, True) if add_special_tokens else plain
     at = next((i for i in range(len(full) - len(plain) + 1)

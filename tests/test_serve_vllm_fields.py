@@ -92,7 +92,32 @@ def test_sampling_fields(c, tokenizer):
     one = _complete(c, best_of=1).choices  # best_of as upstream: >= n, one answer per n
     assert len(one) == 1 and len(_complete(c, best_of=2).choices) == 1
     _400(lambda: _complete(c, best_of=1, n=2, temperature=1), "best_of: must be >= n")
-    _400(lambda: _complete(c, use_beam_search=True), "use_beam_search is not supported")
+
+
+
+def test_beam_search_as_upstream(c):
+    """Beam search keeps the n best continuations by cumulative logprob each
+    step: checked against the same search done by hand with plain requests'
+    logprobs (a beam of one is greedy, as the peer answers)."""
+    greedy = _complete(c, return_token_ids=True, ignore_eos=True).choices[0].token_ids
+    one = _complete(c, use_beam_search=True, ignore_eos=True, return_token_ids=True)
+    assert [ch.token_ids for ch in one.choices] == [greedy]
+    width, steps = 2, 3
+    prompt = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, extra_body={
+        "return_token_ids": True}).choices[0].prompt_token_ids
+    beams = [([], 0.0)]
+    for _ in range(steps):
+        grown = []
+        for tokens, cum in beams:
+            top = _complete(c, prompt=prompt + tokens, max_tokens=1, logprobs=2 * width,
+                            return_tokens_as_token_ids=True).choices[0].logprobs.top_logprobs[0]
+            grown += [(tokens + [int(t.split(":")[1])], cum + lp) for t, lp in top.items()]
+        beams = sorted(grown, key=lambda b: b[1], reverse=True)[:width]
+    out = _complete(c, use_beam_search=True, n=width, max_tokens=steps, ignore_eos=True,
+                    return_token_ids=True)
+    assert [ch.token_ids for ch in out.choices] == [b[0] for b in beams]
+    assert out.usage.completion_tokens == width * steps
+    _400(lambda: _complete(c, use_beam_search=True, stream=True), "use_beam_search: not with")
 
 
 def test_logprobs_as_token_ids(c):

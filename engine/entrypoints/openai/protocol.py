@@ -35,10 +35,8 @@ def _is_set(value, default) -> bool:
     return value is not None and value != default
 
 
-# name -> the value that means "unset" (anything else is refused by name);
-# use_beam_search: beam search is not implemented (docs/serving-api.md)
-REFUSED_COMMON: dict[str, object] = {"use_beam_search": False, "length_penalty": 1.0,
-                  "guided_json": None, "guided_regex": None,
+# name -> the value that means "unset" (anything else is refused by name)
+REFUSED_COMMON: dict[str, object] = {"guided_json": None, "guided_regex": None,
                   "guided_choice": None, "guided_grammar": None, "structured_outputs": None,
                   "logits_processors": None, "logprob_token_ids": None}
 
@@ -55,6 +53,8 @@ class _VllmFields(BaseModel):
     return_tokens_as_token_ids: StrictBool | None = None  # None: --return-tokens-as-token-ids
     return_token_ids: StrictBool | None = None
     request_id: StrictStr | None = None  # else the X-Request-Id header's, else a random one
+    use_beam_search: StrictBool = False  # n beams (serving_beam.py)
+    length_penalty: Number = 1.0  # beam search's score: logprob / length ** length_penalty
 
     def vllm_fields(self) -> dict:
         """Their SamplingParams fields (bad_words are tokenized by the server)."""
@@ -116,7 +116,8 @@ class _Sampling(_VllmFields):
         if self.prompt_logprobs is not None and self.stream:  # as upstream
             raise ValueError("prompt_logprobs: not available with stream=true")
         self.check_vllm(self.n)
-        if self.n > 1 and self.temperature is not None and self.temperature < SAMPLING_EPS:
+        if (self.n > 1 and self.temperature is not None and self.temperature < SAMPLING_EPS
+                and not self.use_beam_search):  # beam search: n beams, greedy or not
             raise ValueError(f"n must be 1 when using greedy sampling (temperature 0), "
                              f"got {self.n}")
 

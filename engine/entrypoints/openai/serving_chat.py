@@ -10,6 +10,7 @@ from engine.core.input_processor import check_unicode
 from engine.entrypoints import chat_utils
 from engine.entrypoints.openai.logprobs import AsTokenIds, chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
+from engine.entrypoints.openai.serving_beam import beam_answer
 from engine.entrypoints.openai.serving_inputs import make_sequences, request_id
 from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
                                                       check_prompt_fits,
@@ -25,6 +26,12 @@ RESERVED_KWARGS = {"messages", "add_generation_prompt", "tools", "documents"}
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest,
                                  request: Request):
+    if body.use_beam_search:
+        name = check_request(state, body)
+        text = await render_chat(state, body.messages, body.add_generation_prompt,
+                                 body.continue_final_message, body.chat_template_kwargs or {})
+        ids = await state.llm.tokenize(text, add_special_tokens=body.add_special_tokens)
+        return await beam_answer(state, body, request, name, [ids], chat=True)
     rid = request_id(request, body)
     name, seqs = await chat_sequences(state, body, rid)
     admit(state, seqs, "n")

@@ -18,7 +18,8 @@ from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerSt
                                                       run, run_to_end, sse,
                                                       unless_disconnected, usage,
                                                       usage_per_chunk, wants_usage)
-from engine.entrypoints.openai.serving_inputs import make_sequences, request_id
+from engine.entrypoints.openai.serving_beam import beam_answer
+from engine.entrypoints.openai.serving_inputs import make_sequences, prompt_ids, request_id
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default
 
@@ -31,6 +32,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
     score_only = body.max_tokens == 0
     param = "prompt" if len(prompts) > 1 else "n"
     check_fan_out(state, len(prompts) * body.n, param)  # before tokenizing 100,000 prompts
+    if body.use_beam_search:
+        ids = [await prompt_ids(state, body, p, body.add_special_tokens) for p in prompts]
+        return await beam_answer(state, body, request, name,
+                                 [await _ids(state, p) for p in ids], chat=False)
     seqs = []
     rid = request_id(request, body)
     for i, prompt in enumerate(prompts):
@@ -50,6 +55,17 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
         return sse(_stream(state, seqs, name, body, echoed, answer, rid), state, seqs)
     return await unless_disconnected(request, _full(state, seqs, name, echoed, answer, rid),
                                      state, seqs)
+
+
+async def _ids(state: ServerState, prompt) -> list[int]:
+    """A prompt's token ids, as the engine would tokenize it (beam search
+    works on ids)."""
+    if not isinstance(prompt, str):
+        return list(prompt)
+    try:
+        return await state.llm.tokenize(prompt)
+    except ValueError as exc:
+        raise APIError(400, f"prompt: {exc}", "prompt") from None
 
 
 class _Answer:

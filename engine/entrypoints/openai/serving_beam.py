@@ -96,7 +96,8 @@ async def beam_answer(state: ServerState, body, request, name: str, prompts: lis
     asked = body.max_new_tokens() if chat else body.max_tokens
 
     async def work() -> dict:
-        choices, prompt_tokens, completion_tokens = [], 0, 0
+        choices: list[dict] = []
+        prompt_tokens = completion_tokens = 0
         for ids in prompts:
             max_tokens = asked or (state.max_model_len - len(ids) if chat else 16)
             beams = await beam_search(state, ids, body.n, max_tokens, body, live)

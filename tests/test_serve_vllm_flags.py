@@ -120,3 +120,19 @@ def tiny_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "tiny"
     assert main(["make-tiny-model", str(path)]) == 0
     return path
+
+
+def test_seed_makes_unseeded_sampling_repeat(tiny_model):
+    """--seed (an engine argument, as upstream's): two engines of one seed
+    sample the same unseeded tokens; another seed, others."""
+    from engine.entrypoints.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    def sample(seed):
+        llm = LLM(tiny_model, "float32", seed=seed, block_size=32, num_kv_blocks=16,
+                  max_model_len=256, bind_threads=False)
+        params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+        return [o.outputs[0].token_ids for o in llm.generate(["one two", "three"], params)]
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)

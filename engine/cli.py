@@ -98,7 +98,8 @@ def _serve_parser(sub) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16",
+                                                       "half", "float"])  # vLLM's aliases
     s.add_argument("--max-model-len", type=int, default=None,
                    help="context length (default: the model's)")
     s.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch")

@@ -53,6 +53,10 @@ def test_a_vllm_command_line_parses():
     assert (args.trust_remote_code, args.seed, args.max_logprobs) == (True, 7, 5)
     assert args.served_model_name == ["served"] and args.enable_log_requests
     assert args.override_generation_config == {"top_k": 3}
+    from engine.entrypoints.openai.cli_args import check_args
+
+    check_args(args)
+    assert args.dtype == "float32"  # vLLM's `--dtype float`
 
 
 def test_generation_config_sources(tmp_path):
@@ -72,7 +76,7 @@ def test_generation_config_sources(tmp_path):
 
 
 # a command line as users copy it from vLLM's docs (DIR and TOK are filled in)
-VLLM_ARGV = ["--trust-remote-code", "--seed", "7", "--max-logprobs", "5",
+VLLM_ARGV = ["--dtype", "float", "--trust-remote-code", "--seed", "7", "--max-logprobs", "5",
              "--disable-log-stats", "--enable-log-requests", "--max-log-len", "100",
              "--served-model-name", "served", "--max-num-seqs", "8",
              "--max-num-batched-tokens", "2048", "--enable-prefix-caching",

@@ -115,9 +115,13 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # upstream's --dtype spellings
+
+
 def check_args(args) -> None:
     """ValueError (one line naming the flag) for a vLLM flag this engine
-    cannot honour, as given."""
+    cannot honour, as given; upstream's other spellings made this engine's."""
+    args.dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
     for flag, why in REFUSED.items():
         if getattr(args, _dest(flag), None) is not None:
             raise ValueError(f"{flag} is not supported by this engine: {why}")

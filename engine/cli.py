@@ -239,6 +239,13 @@ def _parse(p: argparse.ArgumentParser, sub, argv: list[str] | None) -> argparse.
                 + (f"; did you mean {near[0]!r}?" if near else
                    f"; choose from {', '.join(sub.choices)}"))
     args, extra = p.parse_known_args(argv)
+    if extra and args.command == "serve":
+        from engine.entrypoints.openai.cli_args import not_taken
+
+        line = not_taken(extra)
+        if line:
+            print(f"error: {line}", file=sys.stderr)
+            raise SystemExit(2)
     if extra:
         cmd = sub.choices[args.command]
         known = [o for a in cmd._actions for o in a.option_strings]

@@ -38,6 +38,18 @@ def test_flags_the_engine_cannot_honour_are_refused_by_name(capsys, argv, needle
     assert needle in err, err
 
 
+@pytest.mark.parametrize("argv", [["--enable-prompt-embeds"], ["--tool-server", "x"],
+                                  ["--ubatch-size=4"], ["--no-enable-dbo"]])
+def test_any_other_vllm_flag_is_named_in_one_line(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "/nonexistent-model", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    flag = argv[0].split("=")[0].replace("--no-", "--")
+    assert err == f"error: {flag} is a `vllm serve` flag this engine does not implement; " \
+        "leave it out (docs/serving.md#vllm-flags lists those it takes)", err
+
+
 def test_a_vllm_command_line_parses():
     """Every flag of the command line the slow test serves with, parsed (a
     flag missing from the parser exits 2 with 'unrecognized arguments')."""

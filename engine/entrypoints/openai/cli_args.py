@@ -101,6 +101,22 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, nargs="?", const=True, default=None, help=argparse.SUPPRESS)
 
 
+def not_taken(extra: list[str]) -> str | None:
+    """One line naming the first of `extra` (arguments the parser did not
+    know) that is a `vllm serve` flag, else None (a typo: the parser's own
+    error, with the nearest spelling)."""
+    from engine.entrypoints.openai.vllm_serve_flags import VLLM_SERVE_FLAGS
+
+    for word in extra:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--no-"):
+            flag = "--" + flag[5:]
+        if flag in VLLM_SERVE_FLAGS:
+            return (f"{flag} is a `vllm serve` flag this engine does not implement; leave it "
+                    "out (docs/serving.md#vllm-flags lists those it takes)")
+    return None
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)

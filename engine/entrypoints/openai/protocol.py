@@ -44,7 +44,7 @@ REFUSED_COMMON: dict[str, object] = {"guided_json": None, "guided_regex": None,
 class _VllmFields(BaseModel):
     """vLLM's own request fields (upstream's protocol.py), applied as there."""
 
-    best_of: StrictInt | None = Field(default=None, ge=1)  # >= n; the n best are the n
+    best_of: StrictInt | None = Field(default=None, ge=1)  # >= n; as upstream V1: n answers
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
     allowed_token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
@@ -64,8 +64,6 @@ class _VllmFields(BaseModel):
     def check_vllm(self, n: int) -> None:
         if self.best_of is not None and self.best_of < n:
             raise ValueError(f"best_of: must be >= n ({n}), got {self.best_of}")
-        if self.allowed_token_ids is not None and not self.allowed_token_ids:
-            raise ValueError("allowed_token_ids: give at least one token id, or leave it unset")
 
 
 class _Sampling(_VllmFields):
@@ -90,7 +88,7 @@ class _Sampling(_VllmFields):
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None
     logit_bias: dict[str, float] | None = None
-    prompt_logprobs: StrictInt | None = Field(default=None, ge=-1)  # vLLM's (-1: the vocab)
+    prompt_logprobs: StrictInt | None = Field(default=None, ge=0)  # vLLM's; <= --max-logprobs
     response_format: dict | None = None
     user: StrictStr | None = None
 

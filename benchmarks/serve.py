@@ -3,7 +3,7 @@ LLM.generate on the same model and prompts (and, with --peer vllm, against
 `vllm serve`), all measured in this run.
 
     python benchmarks/serve.py [--model-size small|large|tiny] [--peer vllm] [--check]
-    python benchmarks/serve.py --workload shared-prefix|long-prompt [--peer vllm]
+    python benchmarks/serve.py --workload shared-prefix|long-prompt|heavy-requests [--peer vllm]
 
 (the second: long prompts and a shared system prompt, benchmarks/serve_workloads.py)
 

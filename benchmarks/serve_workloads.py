@@ -10,6 +10,11 @@
   every 10 ms; target: p99 <= 20 ms) while --health-prefill-token prompts are
   prefilled (5, one after another), and while 64 clients stream 128 tokens
   each.
+- heavy-requests: one client sends a heavy request (a 10 MB /tokenize,
+  100,000 prompts in one completion, a chat whose template takes seconds to
+  render) while another polls /health and asks for a one-token completion:
+  their worst latency (target <= 100 ms) and the API server's peak memory
+  against its idle size (target < 2x).
 
 Both servers run the same random model, max_model_len --max-model-len, their
 defaults otherwise (chunked prefill and prefix caching on in both); greedy,
@@ -34,10 +39,17 @@ HEALTH_P99_S = 0.020
 HEALTH_CLIENTS = 64  # streaming while /health is polled
 HEALTH_ROUNDS = 5  # prefills while /health is polled: ~300 polls
 SHARED_CLIENTS = (16, 64)
+HEAVY_LATENCY_S = 0.100  # /health and a plain request beside a heavy one
+HEAVY_RSS = 2.0  # the API server's peak memory meanwhile, x its idle size
+# Slow, not endless (the peer would never answer again): ~10^7 loop turns.
+SLOW_TEMPLATE = ("{% for i in range(3000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}"
+                 "{{ messages[0]['content'] }}")
+HEAVY_BODY_LIMIT = 40 << 20  # ours refuses 10 MB bodies for a 4096-token context by default
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--workload", choices=["throughput", "shared-prefix", "long-prompt"],
+    p.add_argument("--workload", choices=["throughput", "shared-prefix", "long-prompt",
+                                            "heavy-requests"],
                    default="throughput", help="throughput (default): the 1/16/64-client "
                    "decode rounds against offline; the others: serve_workloads.py")
     p.add_argument("--prefix", type=int, default=1500, help="shared-prefix: its tokens")
@@ -113,6 +125,54 @@ def long_prompt(url: str, a, seed: int) -> dict:
     return out
 
 
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+def heavy_requests(url: str, a, seed: int, pid: int) -> dict:
+    """Per heavy request: the worst /health and one-token completion latency
+    while it was in flight, its status, and peak / idle RSS of pid."""
+    import httpx2 as httpx
+
+    big = "hello world, this is a test. " * 360_000  # ~10 MB
+    heavy = {
+        "10 MB /tokenize": ("/tokenize", {"model": "m", "prompt": big}),
+        "100,000 prompts": ("/v1/completions", {"model": "m", "prompt": ["hi"] * 100_000,
+                                                "max_tokens": 1}),
+        "a slow chat template": ("/v1/chat/completions", {
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+    }
+    plain = {"model": "m", "prompt": [1, 5, 6], "max_tokens": 1, "temperature": 0}
+    out = {}
+    for name, (path, body) in heavy.items():
+        idle = _rss(pid)
+
+        async def run():
+            async with httpx.AsyncClient(timeout=600) as client:
+                request = asyncio.ensure_future(client.post(url + path, json=body))
+                health, completion, peak = [], [], idle
+                await asyncio.sleep(0.05)
+                while not request.done():
+                    t0 = time.perf_counter()
+                    await client.get(url + "/health")
+                    health.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    await client.post(url + "/v1/completions", json=plain)
+                    completion.append(time.perf_counter() - t0)
+                    peak = max(peak, _rss(pid))
+                    await asyncio.sleep(0.02)
+                return (await request).status_code, health, completion, peak
+
+        status, health, completion, peak = asyncio.run(run())
+        out[name] = {"status": status, "health": max(health, default=0.0),
+                     "plain": max(completion, default=0.0), "polls": len(health),
+                     "rss": peak / max(idle, 1)}
+    return out
+
+
 def main(a, repo: Path, serve) -> int:
     """serve: the benchmarks/serve.py module (its Served servers, its client)."""
     global _serve
@@ -120,7 +180,8 @@ def main(a, repo: Path, serve) -> int:
     Served, free_port = serve.Served, serve.free_port
     env = peer_env(a.threads)
     peer_python = require_peer() if a.peer else None
-    run = shared_prefix if a.workload == "shared-prefix" else long_prompt
+    run = {"shared-prefix": shared_prefix, "long-prompt": long_prompt,
+           "heavy-requests": heavy_requests}[a.workload]
     got, servers = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_model(Path(tmp) / "model", a.model_size, max_pos=a.max_model_len))
@@ -131,6 +192,12 @@ def main(a, repo: Path, serve) -> int:
         if peer_python:
             sides["vllm"] = [str(peer_python), "-m", "vllm.entrypoints.openai.api_server",
                              "--model", model, "--host", "127.0.0.1"]
+        if a.workload == "heavy-requests":
+            template = Path(tmp) / "slow.jinja"
+            template.write_text(SLOW_TEMPLATE)
+            for cmd in sides.values():
+                cmd += ["--chat-template", str(template)]
+            sides["engine"] += ["--max-request-body-bytes", str(HEAVY_BODY_LIMIT)]
         try:
             for name, cmd in sides.items():
                 port = free_port()
@@ -140,17 +207,44 @@ def main(a, repo: Path, serve) -> int:
                     {**env, "PYTHONPATH": str(repo)}, port, Path(tmp) / f"{name}.log"))
             for seed, (name, server) in enumerate(zip(sides, servers)):
                 asyncio.run(_clients(server.url, [[1] + _ids(16, random.Random(99))], 4))
-                got[name] = run(server.url, a, 1000 + seed)
+                extra = (server.proc.pid,) if a.workload == "heavy-requests" else ()
+                got[name] = run(server.url, a, 1000 + seed, *extra)
         finally:
             for server in servers:
                 server.close()
     return _report(a, got)
 
 
-def _report(a, got: dict) -> int:
-    rows, missed = [], []
+def _report_heavy(got: dict, rows: list, missed: list) -> None:
     peer = got.get("vllm")
     for name, r in got.items():
+        for what, h in r.items():
+            print(f"{name}: during {what} (answered {h['status']}): worst /health "
+                  f"{h['health'] * 1e3:.0f} ms, worst one-token completion {h['plain'] * 1e3:.0f} "
+                  f"ms of {h['polls']} polls; peak RSS {h['rss']:.2f}x idle (targets <= "
+                  f"{HEAVY_LATENCY_S * 1e3:.0f} ms, < {HEAVY_RSS}x)")
+            if name != "engine":
+                continue
+            vs = peer[what] if peer else None
+            rows.append((f"worst /health, plain request during {what}",
+                         f"{h['health'] * 1e3:.0f}, {h['plain'] * 1e3:.0f} ms" + (
+                             f" (vllm {vs['health'] * 1e3:.0f}, {vs['plain'] * 1e3:.0f} ms)"
+                             if vs else ""), f"<= {HEAVY_LATENCY_S * 1e3:.0f} ms"))
+            rows.append((f"API server peak RSS during {what}", f"{h['rss']:.2f}x idle"
+                         + (f" (vllm {vs['rss']:.2f}x)" if vs else ""), f"< {HEAVY_RSS}x"))
+            if max(h["health"], h["plain"]) > HEAVY_LATENCY_S:
+                missed.append(f"latency during {what}")
+            if h["rss"] >= HEAVY_RSS:
+                missed.append(f"memory during {what}")
+
+
+def _report(a, got: dict) -> int:
+    rows: list = []
+    missed: list = []
+    peer = got.get("vllm")
+    if a.workload == "heavy-requests":
+        _report_heavy(got, rows, missed)
+    for name, r in got.items() if a.workload != "heavy-requests" else ():
         if a.workload == "shared-prefix":
             ratio = r["warm"] / r["cold"]
             print(f"{name}: {a.prefix}-token prefix cold {r['cold'] * 1e3:.0f} ms, warm "

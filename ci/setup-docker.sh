@@ -28,7 +28,7 @@ if ! "$DOCKER" info >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || { echo "error: no Docker daemon answers and starting one needs root" >&2; exit 2; }
   echo "==> starting dockerd (log: $log)"
   # setsid: the daemon outlives this script and the CI step that ran it.
-  setsid nohup dockerd >"$log" 2>&1 </dev/null &
+  setsid nohup dockerd >>"$log" 2>&1 </dev/null &
   for _ in $(seq 60); do
     "$DOCKER" info >/dev/null 2>&1 && break
     sleep 1

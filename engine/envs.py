@@ -171,11 +171,15 @@ def format_cpu_list(cpus) -> str:
     return ",".join(parts)
 
 
+def omp_threads_bind_text(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND as the user wrote it (for error messages)."""
+    return _env(env).get("VLLM_CPU_OMP_THREADS_BIND", "").strip()
+
+
 def omp_threads_bind(env: Mapping[str, str] | None = None) -> str | list[list[int]]:
     """VLLM_CPU_OMP_THREADS_BIND: `auto` (default), `nobind`, a CPU list
     (`0-31`), or one list per rank separated by `|` (`0-31|32-63`)."""
-    env = _env(env)
-    raw = env.get("VLLM_CPU_OMP_THREADS_BIND", "").strip() or "auto"
+    raw = omp_threads_bind_text(env) or "auto"
     if raw.lower() in ("auto", "nobind"):
         return raw.lower()
     lists = [parse_cpu_list(part, "VLLM_CPU_OMP_THREADS_BIND") for part in raw.split("|")]

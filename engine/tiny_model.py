@@ -45,6 +45,7 @@ ARCHS: dict[str, dict[str, Any]] = {
                     residual_multiplier=0.5, logits_scaling=2.0),
     "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3",
                  partial_rotary_factor=0.75),
+    "olmo2": dict(architectures=["Olmo2ForCausalLM"], model_type="olmo2"),
     "opt": dict(architectures=["OPTForCausalLM"], model_type="opt", ffn_dim=176,
                 word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", num_key_value_heads=None, head_dim=None),

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,12 +55,31 @@ def daemon_missing() -> str | None:
     return None
 
 
+def start_daemon() -> str:
+    """Run ci/setup-docker.sh (it starts dockerd when none answers) and return the
+    tail of what it printed: a daemon that died or never came up since .ci/run's
+    set-up is started again here, and a failure names its cause."""
+    try:
+        out = subprocess.run(["bash", str(REPO / "ci" / "setup-docker.sh")], capture_output=True,
+                             text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return "ci/setup-docker.sh took over 900 s"
+    return "\n".join((out.stdout + out.stderr).strip().splitlines()[-8:])
+
+
 @pytest.fixture(scope="module")
 def image() -> str:
     reason = daemon_missing()
+    if reason and (os.environ.get("VLLM_REQUIRE_DOCKER") or os.environ.get("CI")):
+        log = Path(os.environ.get("VLLM_DOCKERD_LOG", "/var/log/vllm-engine-dockerd.log"))
+        last = log.read_text(errors="replace").splitlines()[-5:] if log.is_file() else []
+        warnings.warn(f"no Docker daemon answered ({reason}); starting it again. "
+                      f"Its log ended: {' | '.join(last) or 'no log'}")
+        setup = start_daemon() if os.geteuid() == 0 else "not root: cannot start dockerd"
+        reason = daemon_missing()
+        if reason:
+            pytest.fail(f"Docker is required here but {reason}; ci/setup-docker.sh said:\n{setup}")
     if reason:
-        if os.environ.get("VLLM_REQUIRE_DOCKER") or os.environ.get("CI"):
-            pytest.fail(f"Docker is required here but {reason}")
         pytest.skip(reason)
     build = subprocess.run(["bash", str(REPO / "ci" / "docker-build.sh"), TARGET, "--tag", TAG],
                            capture_output=True, text=True, timeout=3000)

@@ -51,7 +51,8 @@ class Server:
     def core_pid(self) -> int:
         """The engine core process: the server's child that is not
         multiprocessing's resource tracker."""
-        for _ in range(100):
+        deadline = time.monotonic() + 60  # the server imports torch first: seconds on busy cores
+        while time.monotonic() < deadline:
             children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
             for pid in children.split():
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -62,7 +62,7 @@ def test_a_vllm_command_line_parses():
 
     _serve_parser(sub)
     args = _parse(p, sub, ["serve", "m", *VLLM_ARGV])
-    assert (args.trust_remote_code, args.seed, args.max_logprobs) == (True, 7, 5)
+    assert (args.trust_remote_code, args.seed, args.max_logprobs) == (True, 7, 25)
     assert args.served_model_name == ["served"] and args.enable_log_requests
     assert args.override_generation_config == {"top_k": 3}
     from engine.entrypoints.openai.cli_args import check_args
@@ -88,7 +88,7 @@ def test_generation_config_sources(tmp_path):
 
 
 # a command line as users copy it from vLLM's docs (DIR and TOK are filled in)
-VLLM_ARGV = ["--dtype", "float", "--trust-remote-code", "--seed", "7", "--max-logprobs", "5",
+VLLM_ARGV = ["--dtype", "float", "--trust-remote-code", "--seed", "7", "--max-logprobs", "25",
              "--disable-log-stats", "--enable-log-requests", "--max-log-len", "100",
              "--served-model-name", "served", "--max-num-seqs", "8",
              "--max-num-batched-tokens", "2048", "--enable-prefix-caching",
@@ -121,11 +121,14 @@ def test_a_vllm_command_line_serves(tiny_model, tmp_path):  # noqa: F811
         assert chat.choices[0].message.role == "bot"  # --response-role
         assert chat.usage.prompt_tokens == 2  # --tokenizer's template: "hi" alone, 2 tokens
         r = c.completions.with_raw_response.create(model="served", prompt="x", max_tokens=1,
-                                                   logprobs=5)
+                                                   logprobs=25,  # past the default 20
+                                                   extra_body={"return_tokens_as_token_ids":
+                                                               True})  # ids: 25 distinct keys
         assert r.headers.get("x-request-id")  # --enable-request-id-headers
-        with pytest.raises(Exception) as info:  # --max-logprobs 5
-            c.completions.create(model="served", prompt="x", max_tokens=1, logprobs=6)
-        assert "at most 5" in str(info.value)
+        assert len(r.parse().choices[0].logprobs.top_logprobs[0]) >= 25
+        with pytest.raises(Exception) as info:  # --max-logprobs 25
+            c.completions.create(model="served", prompt="x", max_tokens=1, logprobs=26)
+        assert "at most 25" in str(info.value)
         assert "Received request" in s.output()  # --enable-log-requests
     finally:
         s.close()

@@ -12,9 +12,9 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from packaging.version import InvalidVersion, Version
 
@@ -55,7 +55,8 @@ def version_in(text: str | None) -> Version | None:
         return None
 
 
-def _run_helper(which: Callable[[str], str | None], argv: list[str], notes: list[str]) -> str | None:
+def _run_helper(which: Callable[[str], str | None], argv: list[str],
+                notes: list[str]) -> str | None:
     exe = which(argv[0])
     if exe is None:
         return None

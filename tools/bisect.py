@@ -143,7 +143,8 @@ def test_commit(inst: Installer, commit: str, command: list[str]) -> Step:
 def bisect(root: Path, good: str, bad: str, command: list[str], index: str, variant: str,
            log=print) -> Result:
     g, b = gitutil.rev(root, good), gitutil.rev(root, bad)
-    for name, value in (("--good", good if g is None else None), ("--bad", bad if b is None else None)):
+    for name, value in (("--good", good if g is None else None),
+                        ("--bad", bad if b is None else None)):
         if value is not None:
             raise UserError(f"{name} {value!r} is not a revision of the repository at {root}")
     if gitutil.git(root, "merge-base", "--is-ancestor", g, b, check=False) is None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
 from email.parser import HeaderParser
 from functools import lru_cache
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from packaging.version import InvalidVersion, Version
 

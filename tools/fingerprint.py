@@ -24,8 +24,8 @@ import os
 import platform
 import subprocess
 import tarfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from tools import gitutil
 from tools.errors import UserError
@@ -121,7 +121,7 @@ def _main(argv: list[str] | None = None) -> int:
         v = get_variant(args.variant)
         out = of_build(REPO_ROOT, v.label, v.device, os.environ)
     except UserError as exc:
-        raise SystemExit(f"error: {exc}")
+        raise SystemExit(f"error: {exc}") from None
     print(json.dumps(out) if args.json else out["kernel_fingerprint"])
     return 0
 

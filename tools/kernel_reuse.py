@@ -17,8 +17,8 @@ import os
 import platform
 import sys
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from tools import fingerprint, gitutil
 from tools.errors import UserError

@@ -17,8 +17,8 @@ that differ) and one error line.
 from __future__ import annotations
 
 import argparse
-import io
 import hashlib
+import io
 import os
 import shutil
 import stat

@@ -10,8 +10,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -205,7 +205,8 @@ def install_commands(t: Target, index: str) -> list[str]:
     v = t.variant
     backend = f" --torch-backend {v.torch_backend}" if v.torch_backend else ""
     torch_url = v.torch_index_url()
-    folder = "" if v.compiles and v.device == "cuda" and is_default_variant(v.label) else f"/{v.label}"
+    default_cuda = v.compiles and v.device == "cuda" and is_default_variant(v.label)
+    folder = "" if default_cuda else f"/{v.label}"
     device = f"VLLM_TARGET_DEVICE={t.device} "
     return [
         "# from the wheel index (uv):",
@@ -216,7 +217,8 @@ def install_commands(t: Target, index: str) -> list[str]:
         + (f" --extra-index-url {torch_url}" if torch_url else ""),
         "# from source:",
         f"{device}uv pip install -e .{backend}",
-        f"uv pip install -r requirements/build/{v.label}.txt{backend} --index-strategy unsafe-best-match"
+        f"uv pip install -r requirements/build/{v.label}.txt{backend}"
+        " --index-strategy unsafe-best-match"
         f" && {device}uv pip install --no-build-isolation -e .",
     ]
 

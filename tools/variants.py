@@ -98,7 +98,8 @@ def cuda_variant_for(version: str, source: str = "VLLM_MAIN_CUDA_VERSION") -> Va
     label = {"12": "cu129", "13": "cu130"}.get(major)
     if label is None:
         raise UserError(
-            f"{source}={version!r} is not a supported CUDA version; use 12.x (cu129) or 13.x (cu130)"
+            f"{source}={version!r} is not a supported CUDA version; "
+            "use 12.x (cu129) or 13.x (cu130)"
         )
     return VARIANTS[label]
 

@@ -108,7 +108,7 @@ class Gatherer(SelectorThread):
             return
         try:
             data = w.sock.recv(MAX_HEAD)
-        except (BlockingIOError, InterruptedError, socket.timeout):
+        except (TimeoutError, BlockingIOError, InterruptedError):
             return
         except OSError:
             data = b""
@@ -212,7 +212,7 @@ class GatheringServer(http.server.HTTPServer):
             try:
                 handler = self.RequestHandlerClass(request, address, self)
                 keep, body = not handler.close_connection, getattr(handler, "body", None)
-            except (ConnectionError, socket.timeout):
+            except (TimeoutError, ConnectionError):
                 pass  # the client went away
             except Exception:
                 self.handle_error(request.sock, address)

@@ -54,7 +54,7 @@ class Plan:
     allow_rewind: bool
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Plan":
+    def from_json(cls, data: bytes) -> Plan:
         doc = parse_json_object(data, JOURNAL)
         try:
             plan = cls(**doc)

@@ -10,7 +10,8 @@ commit, running at the same time, never drop each other's wheels.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 from packaging.version import Version
 

@@ -13,8 +13,8 @@ import selectors
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from wheel_index.selector_thread import SelectorThread
 

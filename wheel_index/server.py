@@ -25,8 +25,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
-from wheel_index.connections import (DEFAULT_THREADS, HEADER_TIMEOUT, IDLE_TIMEOUT,
-                                     GatheringServer)
+from wheel_index.connections import DEFAULT_THREADS, HEADER_TIMEOUT, IDLE_TIMEOUT, GatheringServer
 from wheel_index.layout import HTML_CT, PROJECT, SIMPLE_JSON_CT, cache_control, content_type
 
 #: files up to this size go out with their headers in one write; larger ones stream

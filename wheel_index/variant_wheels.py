@@ -17,8 +17,8 @@ everywhere, ranked below every CUDA variant the machine supports, what a machine
 without a usable NVIDIA driver gets. The draft, and variantlib (its reference
 implementation), require a null variant to carry the label ``null``: its variant
 wheel is ``...-manylinux_2_34_x86_64-null.whl``, while the index's metadata.json,
-the wheel's build info and everything else still call the variant ``cpu``. ROCm and XPU get no variant wheel: uv implements no provider
-for them, so no machine could ever select one.
+the wheel's build info and everything else still call the variant ``cpu``. ROCm and XPU get
+no variant wheel: uv implements no provider for them, so no machine could ever select one.
 """
 from __future__ import annotations
 

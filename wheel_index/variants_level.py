@@ -33,8 +33,16 @@ from packaging.version import Version
 from tools.errors import UserError
 from tools.hashing import sha256_file
 from wheel_index import pages
-from wheel_index.layout import (ENTRY_SUFFIX, METADATA_SUFFIX, PROJECT, VARIANTS_LEVEL, href,
-                                level_dir, project_dir, url_path)
+from wheel_index.layout import (
+    ENTRY_SUFFIX,
+    METADATA_SUFFIX,
+    PROJECT,
+    VARIANTS_LEVEL,
+    href,
+    level_dir,
+    project_dir,
+    url_path,
+)
 from wheel_index.levels import Pages, entry_key
 from wheel_index.variant_wheels import (
     base_version,

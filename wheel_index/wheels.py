@@ -63,7 +63,7 @@ class WheelEntry:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str = "entry record") -> "WheelEntry":
+    def from_json(cls, data: bytes, where: str = "entry record") -> WheelEntry:
         doc = parse_json_object(data, where)
         known = {f.name: f for f in fields(cls)}
         missing = [n for n, f in known.items() if n not in doc and f.default is MISSING]

@@ -39,8 +39,11 @@ class Interrupted(RuntimeError):
 
 
 def ipc_addresses(folder: str, clients: int) -> CoreAddresses:
+    from engine.core import cpu_share
+
     return CoreAddresses([f"ipc://{folder}/in-{i}" for i in range(clients)],
-                         [f"ipc://{folder}/out-{i}" for i in range(clients)])
+                         [f"ipc://{folder}/out-{i}" for i in range(clients)],
+                         cpu_share.create(f"{folder}/cpu-share", clients))
 
 
 class CoreProcess:

@@ -36,6 +36,7 @@ class CoreAddresses:
 
     inputs: list[str]
     outputs: list[str]
+    cpu_share: str = ""  # the API servers' heavy jobs (engine/core/cpu_share.py)
 
 
 class EngineCoreProc:
@@ -56,6 +57,7 @@ class EngineCoreProc:
         self.clients: dict[str, int] = {}  # request id -> the API server that hears it
         self.parent_pid = parent_pid
         self.stopped = False
+        self.team = _team_size(core, addresses)
         self.chunks = None
         scheduler = getattr(core, "scheduler", None)  # -dp: the replicas size their own
         if scheduler is not None and size_chunks and scheduler.enable_chunked_prefill:
@@ -121,6 +123,8 @@ class EngineCoreProc:
         from engine.distributed.parallel_state import RankDiedError
 
         core = self.core
+        if self.team is not None:
+            self.team.adjust()
         t0 = time.perf_counter()
         try:
             out = core.step()
@@ -204,6 +208,21 @@ def warm_up(core) -> float:
         while core.has_unfinished():
             core.step()
     return time.perf_counter() - t0
+
+
+def _team_size(core, addresses: CoreAddresses):
+    """The OpenMP team the API servers' heavy jobs resize, when the model runs
+    in this process (its ranks in processes of their own keep theirs)."""
+    from engine.executor.uniproc_executor import UniProcExecutor
+
+    if not addresses.cpu_share or not isinstance(getattr(core, "executor", None),
+                                                 UniProcExecutor):
+        return None
+    import torch
+
+    from engine.core.cpu_share import TeamSize
+
+    return TeamSize(addresses.cpu_share, torch.get_num_threads(), torch.set_num_threads)
 
 
 def run_engine_core(model: str, dtype: str, engine_args: dict, addresses: CoreAddresses,

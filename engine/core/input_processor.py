@@ -3,9 +3,9 @@ the model's tokenizer, their token ids and sampling fields checked against
 the model, before anything reaches the engine core."""
 from __future__ import annotations
 
-import asyncio
 import re
 
+from engine.core import cpu_share
 from engine.core.long_text import encode_long
 from engine.core.output_processor import RequestState
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -55,8 +55,7 @@ class InputProcessor:
         """tokenize(), off the event loop when the text is long."""
         if len(text) <= OFFLOAD_CHARS:
             return self.tokenize(text, add_special_tokens)
-        return await asyncio.get_running_loop().run_in_executor(
-            None, self.tokenize, text, add_special_tokens)
+        return await cpu_share.in_thread(self.tokenize, text, add_special_tokens)
 
     def make_request(self, request_id: str, prompt, params: SamplingParams,
                      index: int = 0) -> RequestState:

@@ -118,8 +118,8 @@ def plan_all(world_size: int, env: Mapping[str, str] | None = None,
     whose count differs from the world size is one error naming both."""
     mode = envs.omp_threads_bind(env)
     if isinstance(mode, list) and len(mode) != world_size:
-        raw = (os.environ if env is None else env).get("VLLM_CPU_OMP_THREADS_BIND", "")
-        raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND={raw.strip()!r} names {len(mode)} "
+        raw = envs.omp_threads_bind_text(env)
+        raise envs.EnvError(f"VLLM_CPU_OMP_THREADS_BIND={raw!r} names {len(mode)} "
                             f"CPU list(s) but there are {world_size} ranks; give one "
                             "'|'-separated list per rank")
     return [plan(rank, world_size, env, allowed) for rank in range(world_size)]

@@ -7,7 +7,7 @@ as a per-sequence gather of exactly the blocks each sequence uses plus SDPA.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

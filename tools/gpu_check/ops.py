@@ -4,7 +4,7 @@ and the bound checks (on a GPU they run only with VLLM_CHECK_BOUNDS=1)."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -7,8 +7,8 @@ takes its compiled files into the source tree; install_kernels runs the three.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from tools.precompiled.extract import RECORD, extract_kernels
 from tools.precompiled.fetch import fetch

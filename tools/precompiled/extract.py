@@ -28,7 +28,8 @@ def _take(name: str) -> bool:
 def check_members(zf: zipfile.ZipFile, where: str) -> None:
     for info in zf.infolist():
         p = PurePosixPath(info.filename)
-        if p.is_absolute() or ".." in p.parts or "\\" in info.filename or info.filename.startswith("/"):
+        if (p.is_absolute() or ".." in p.parts or "\\" in info.filename
+                or info.filename.startswith("/")):
             raise UserError(f"{where}: refusing unsafe member name {info.filename!r}")
         mode = info.external_attr >> 16
         if stat.S_ISLNK(mode):

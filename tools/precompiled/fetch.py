@@ -6,8 +6,8 @@ import hashlib
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from tools.errors import UserError

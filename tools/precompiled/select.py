@@ -19,9 +19,9 @@ variant whose compiled inputs are byte-identical to the base commit's.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import unquote
 
 from packaging.tags import sys_tags

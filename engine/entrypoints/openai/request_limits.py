@@ -9,8 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
+from contextlib import nullcontext
+
+from engine.core import cpu_share
 
 MIB = 1 << 20
+# A body this large keeps the API server busy for a while (parsing, validation,
+# tokenization): marked for the engine core as such (engine/core/cpu_share.py)
+HEAVY_BODY_BYTES = MIB
 
 # A prompt of max_model_len tokens sent as JSON text: ~4 bytes a token for English,
 # up to ~12 for CJK or emoji once a client escapes it as \uXXXX (Python's json does
@@ -57,8 +63,10 @@ class BodySizeLimit:
             if declared > self.max_bytes:
                 await self._refuse(send, f"the request body is {declared} bytes", receive)
                 return
-            # the server ends the body at Content-Length: nothing to count
-            await self.app(scope, receive, send)
+            # the server ends the body at Content-Length: nothing to count. A large
+            # one is parsed, validated and tokenized at length, whichever thread does it
+            with cpu_share.heavy() if declared > HEAVY_BODY_BYTES else nullcontext():
+                await self.app(scope, receive, send)
             return
         held: deque = deque()
         size = 0
@@ -79,7 +87,8 @@ class BodySizeLimit:
             # the body as it came, then the server's own messages (a disconnect)
             return held.popleft() if held else await receive()
 
-        await self.app(scope, replay, send)
+        with cpu_share.heavy() if size > HEAVY_BODY_BYTES else nullcontext():
+            await self.app(scope, replay, send)
 
     async def _refuse(self, send, what: str, receive=None) -> None:
         message = f"{what}; this server takes at most {self.max_bytes} ({FLAG})"

@@ -94,6 +94,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
+    from engine.core import cpu_share
     from engine.entrypoints.openai import connection_limits
 
     names = args.served_model_name or [args.model]
@@ -102,16 +103,18 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                           "block_size": ready.block_size, "num_gpu_blocks": ready.num_blocks,
                           "cache_dtype": "auto", "enable_prefix_caching":
                           args.enable_prefix_caching is not False})
+    options = serve_options(args)
     llm = AsyncLLM(client, ready, front.model_config, front.tokenizer, metrics,
                    max_waiting=args.max_waiting_queue_length,
-                   stream_interval=parse_interval(args.stream_interval))
+                   stream_interval=parse_interval(args.stream_interval),
+                   max_logprobs=options.max_logprobs)
     state = ServerState(llm=llm, model_names=names, model_dir=front.path, metrics=metrics,
                         api_key=args.api_key, chat_template=front.template,
                         special_tokens=front.special_tokens,
                         max_model_len=ready.max_model_len, created=int(time.time()),
                         max_body_bytes=args.max_request_body_bytes or
                         default_max_body_bytes(ready.max_model_len),
-                        max_tok_bytes=front.max_tok_bytes, options=serve_options(args))
+                        max_tok_bytes=front.max_tok_bytes, options=options)
     if front.template is None and client.client_index == 0:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)
@@ -125,6 +128,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()
     gc.freeze()
+    cpu_share.attach(client.core.addresses.cpu_share, client.client_index)
     fds = connection_limits.raise_fd_limit()
     logging.getLogger("asyncio").addFilter(connection_limits.AcceptErrorsOncePerSecond())
     config = uvicorn.Config(app, host=args.host, port=args.port,

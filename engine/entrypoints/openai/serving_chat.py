@@ -2,10 +2,10 @@
 the assistant's answer whole or streamed."""
 from __future__ import annotations
 
-import asyncio
 
 from fastapi import Request
 
+from engine.core import cpu_share
 from engine.core.input_processor import check_unicode
 from engine.entrypoints import chat_utils
 from engine.entrypoints.openai.logprobs import AsTokenIds, chat_logprobs, vllm_prompt_logprobs
@@ -69,7 +69,7 @@ async def render_chat(state: ServerState, messages: list, add_generation_prompt:
                        f"as the request's own fields", "chat_template_kwargs")
     dicts, template = _messages(messages), state.chat_template
     try:  # in a worker thread, bounded in time and size (chat_utils): templates are code
-        text = await asyncio.get_running_loop().run_in_executor(None, lambda: chat_utils.render(
+        text = await cpu_share.in_thread(lambda: chat_utils.render(
             template, dicts, add_generation_prompt=add_generation_prompt,
             tokens={**state.special_tokens, **kwargs}, tools=None, documents=None))
     except chat_utils.ChatTemplateError as exc:

@@ -2,14 +2,13 @@
 /tokenize and /detokenize (outside /v1, without the API key, as upstream's)."""
 from __future__ import annotations
 
-import asyncio
 import json
-
-from fastapi import Depends, FastAPI, Response
 from typing import Annotated
 
+from fastapi import Depends, FastAPI, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from engine.core import cpu_share
 from engine.entrypoints.openai.protocol import ChatMessage
 from engine.entrypoints.openai.serving_chat import render_chat
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, json_body
@@ -94,8 +93,7 @@ def add_token_routes(app: FastAPI, state: ServerState) -> None:
         except ValueError as exc:  # not Unicode text
             raise APIError(400, f"prompt: {exc}", "prompt") from None
         if len(ids) > LONG_ANSWER_IDS:
-            answer = await asyncio.get_running_loop().run_in_executor(
-                None, tokens_json, ids, state.max_model_len)
+            answer = await cpu_share.in_thread(tokens_json, ids, state.max_model_len)
             return Response(answer, media_type="application/json")
         strs = ([state.llm.tokenizer.id_to_token(t) for t in ids]
                 if body.return_token_strs else None)

@@ -151,8 +151,12 @@ class LlamaForCausalLM(CausalLM):
             top["model.norm.weight"] = "norm.weight"
             if not self.config.tie_word_embeddings:
                 top["lm_head.weight"] = "lm_head.weight"
-        return checkpoint_map(top, "model.layers.", len(self.layers), _layer_names(self.config),
+        return checkpoint_map(top, "model.layers.", len(self.layers), self.layer_names(),
                               self.start_layer)
+
+    def layer_names(self) -> dict:
+        """Checkpoint suffix in a layer -> (our parameter, part of a fused one)."""
+        return _layer_names(self.config)
 
     def skipped_checkpoint_keys(self) -> tuple[str, ...]:
         return ("lm_head.weight",) if self.config.tie_word_embeddings else ()

@@ -16,6 +16,7 @@ _ARCHITECTURES = {
     "GraniteForCausalLM": ("granite", "llama", "LlamaForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "llama", "LlamaForCausalLM"),
     "OPTForCausalLM": ("opt", "opt", "OPTForCausalLM"),
+    "Olmo2ForCausalLM": ("olmo2", "olmo2", "Olmo2ForCausalLM"),
     "Gemma2ForCausalLM": ("gemma2", "gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3_text", "gemma", "GemmaForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "moe", "MoeForCausalLM"),

@@ -1,0 +1,107 @@
+"""The API server's CPU-heavy jobs, told to the engine core, so that its
+OpenMP team steps on the CPUs those jobs leave.
+
+The core's team takes every CPU it is given. A 10 MB /tokenize or a slow
+chat template in the API server then takes one of them too: the team's
+barriers wait for a thread the kernel has descheduled, and every step
+crawls (2 cores: a one-token completion beside such a job took 0.7-1.7 s
+instead of ~60 ms). So the API server marks each job it hands to a worker
+thread in a small shared file of start times (one row of slots per API
+server), and the core, before each step, runs its team on one thread fewer
+for each job that has run longer than HEAVY_AFTER_S, never fewer than one.
+Jobs shorter than that (a chat template's usual milliseconds) never change
+the team."""
+from __future__ import annotations
+
+import asyncio
+import mmap
+import struct
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import TypeVar
+
+SLOTS = 16  # jobs marked at once per API server; more run unmarked
+HEAVY_AFTER_S = 0.02
+_SLOT = struct.Struct("d")
+T = TypeVar("T")
+
+
+def create(path: str, servers: int) -> str:
+    """The shared file, all slots free (0.0), for `servers` API servers."""
+    with open(path, "wb") as f:
+        f.write(bytes(_SLOT.size * SLOTS * servers))
+    return path
+
+
+class Marks:
+    """An API server's row: a slot holds a running job's start time."""
+
+    def __init__(self, path: str, server: int):
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), 0)
+        first = server * SLOTS
+        self._free = list(range(first, first + SLOTS))
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def running(self):
+        with self._lock:
+            slot = self._free.pop() if self._free else None
+        if slot is None:
+            yield
+            return
+        _SLOT.pack_into(self._map, slot * _SLOT.size, time.monotonic())
+        try:
+            yield
+        finally:
+            _SLOT.pack_into(self._map, slot * _SLOT.size, 0.0)
+            with self._lock:
+                self._free.append(slot)
+
+
+class TeamSize:
+    """The core's side: the OpenMP team for the next step."""
+
+    def __init__(self, path: str, threads: int, set_threads: Callable[[int], None]):
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        self._starts = struct.Struct(f"{len(self._map) // _SLOT.size}d")
+        self.threads = self.now = threads
+        self._set = set_threads
+
+    def busy(self, now: float) -> int:
+        return sum(1 for t in self._starts.unpack_from(self._map) if t and now - t > HEAVY_AFTER_S)
+
+    def adjust(self) -> int:
+        """Resize the team for what the API servers run now; its size."""
+        want = max(1, self.threads - self.busy(time.monotonic()))
+        if want != self.now:
+            self._set(want)
+            self.now = want
+        return want
+
+
+_marks: Marks | None = None  # this API server's row, once attach() ran
+
+
+def attach(path: str, server: int) -> None:
+    global _marks
+    _marks = Marks(path, server) if path else None
+
+
+@contextmanager
+def heavy():
+    """Mark what runs inside (on any thread, the event loop's included) as one job."""
+    if _marks is None:
+        yield
+    else:
+        with _marks.running():
+            yield
+
+
+async def in_thread(fn: Callable[..., T], *args) -> T:
+    """fn(*args) in the event loop's worker threads, marked for the core meanwhile."""
+    with heavy():
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

@@ -53,8 +53,9 @@ def test_any_other_vllm_flag_is_named_in_one_line(capsys, argv):
 def test_a_vllm_command_line_parses():
     """Every flag of the command line the slow test serves with, parsed (a
     flag missing from the parser exits 2 with 'unrecognized arguments')."""
-    from engine.cli import _parse
     import argparse
+
+    from engine.cli import _parse
 
     p = argparse.ArgumentParser(prog="engine")
     sub = p.add_subparsers(dest="command", required=True)

@@ -12,8 +12,16 @@ from __future__ import annotations
 import os
 from collections import Counter as Tally
 
-from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR,
-                               CollectorRegistry, Counter, Gauge, Histogram, generate_latest)
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 
 # upstream's buckets (vllm/v1/metrics/loggers.py)

@@ -15,7 +15,8 @@ from engine.build_info import BuildInfo
 _omp_wait_policy.apply()  # before anything loads torch, and with it libgomp
 _check_installed()
 
-__all__ = ["BUILD_INFO", "BuildInfo", "LLM", "SamplingParams", "ops", "__version__"]
+__all__ = ["BUILD_INFO", "BuildInfo", "LLM", "PoolingParams", "SamplingParams", "ops",
+           "__version__"]
 
 
 def __getattr__(name: str):
@@ -38,4 +39,8 @@ def __getattr__(name: str):
         from engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "PoolingParams":
+        from engine.pooling_params import PoolingParams
+
+        return PoolingParams
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -16,9 +16,11 @@ def _llm(args):
 
 
 def tiny_model_archs() -> list[str]:
-    from engine.tiny_model import ARCHS  # no torch at import: `engine --help` stays fast
+    # no torch at import: `engine --help` stays fast
+    from engine.tiny_model import ARCHS
+    from engine.tiny_pooling_model import POOLING_ARCHS
 
-    return list(ARCHS)
+    return [*ARCHS, *POOLING_ARCHS]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -29,6 +31,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     scheduler_args(p)
     parallel_args(p)
+
+
+def runner_args(p: argparse.ArgumentParser) -> None:
+    from engine.pooler_config import CONVERTS, RUNNERS
+
+    p.add_argument("--runner", default="auto", choices=RUNNERS,
+                   help="generate, or pooling: embeddings, classes, scores (default auto: "
+                   "pooling for encoders such as BERT, generate for decoders)")
+    p.add_argument("--convert", default="auto", choices=CONVERTS,
+                   help="what a pooling model serves: embed, classify or score (a "
+                   "cross-encoder's); default auto: from its architecture")
 
 
 def scheduler_args(p: argparse.ArgumentParser) -> None:
@@ -107,6 +120,7 @@ def _serve_parser(sub) -> None:
                    help="tokens in one step (default 2048 with chunked prefill; without it, "
                    "at least --max-model-len)")
     s.add_argument("--block-size", type=int, default=128)
+    runner_args(s)
     scheduler_args(s)
     parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
@@ -301,9 +315,13 @@ def client(args) -> int:
 
 def make_tiny_model(args) -> int:
     from engine.tiny_model import make_tiny_model as make
+    from engine.tiny_pooling_model import POOLING_ARCHS, make_tiny_pooling_model
 
+    if args.arch in POOLING_ARCHS:
+        make = make_tiny_pooling_model
     path = make(args.dir, arch=args.arch, seed=args.seed)
-    print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}")
+    runner = " --runner pooling" if args.arch == "qwen3-embedding" else ""
+    print(f"wrote a tiny random {args.arch} model to {path}; try: engine serve {path}{runner}")
     return 0
 
 

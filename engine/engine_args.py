@@ -15,6 +15,7 @@ from engine.config import ModelConfig
 from engine.model_executor.layers.parallel import (TP_ARCHITECTURES, check_shardable,
                                                   check_stages)
 from engine.model_source import resolve_model
+from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.platforms import current as current_platform
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +47,12 @@ class EngineConfig:
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
     seed: int | None = None  # the global sampler seed of requests without their own
+    # --runner pooling (engine.pooler_config): how it pools; None: it generates
+    pooler: PoolerConfig | None = None
+
+    @property
+    def runner(self) -> str:
+        return "generate" if self.pooler is None else "pooling"
 
     @property
     def world_size(self) -> int:
@@ -173,11 +180,17 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          enable_chunked_prefill: bool | None = None,
                          enable_prefix_caching: bool | None = None,
                          data_parallel_size: int = 1, data_parallel_rank: int = 0,
-                         pipeline_parallel_size: int = 1, seed: int | None = None,
+                         pipeline_parallel_size: int = 1, runner: str = "auto",
+                         convert: str = "auto", seed: int | None = None,
                          ) -> EngineConfig:
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
+    pooler = resolve_runner(mc, path, runner, convert)
     torch_dtype = resolve_dtype(dtype, mc)
+    if pooler is not None:
+        return _pooling_config(path, mc, pooler, torch_dtype, max_model_len, max_num_seqs,
+                               max_num_batched_tokens, block_size, bind_threads,
+                               tensor_parallel_size * pipeline_parallel_size * data_parallel_size)
     if block_size <= 0 or block_size % 32:
         raise ValueError(f"block_size must be a positive multiple of 32, got {block_size}")
     if max_model_len is not None and max_model_len < 2:
@@ -207,6 +220,27 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
                         prefix, seed)
+
+
+def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,
+                    max_model_len: int | None, max_num_seqs: int, budget: int | None,
+                    block_size: int, bind_threads: bool, ranks: int) -> EngineConfig:
+    """A pooling engine: whole prompts, one forward each, no KV cache (so no
+    chunking, no prefix caching, no blocks), on one rank."""
+    if ranks != 1:
+        raise ValueError("--runner pooling runs on one rank; use -tp 1 -pp 1 -dp 1")
+    if max_model_len is not None and max_model_len < 1:
+        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+    longest = mc.max_position
+    if mc.model_type in ("roberta", "xlm-roberta"):  # positions start past the padding id
+        from engine.model_executor.models.roberta import position_offset
+
+        longest -= position_offset(mc)
+    max_len = min(max_model_len or longest, longest)
+    tokens = batch_bounds(max_len, max_num_seqs, budget, False)
+    mc = dataclasses.replace(mc, max_model_len=max_len)
+    return EngineConfig(path, mc, dtype, block_size, 0, max_len, max_num_seqs, tokens,
+                        bind_threads, pooler=pooler)
 
 
 def check_data_parallel(dp: int, rank: int, backend: str | None) -> None:
@@ -257,7 +291,7 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching", "seed")
+                    "enable_prefix_caching", "runner", "convert", "seed")
 
 
 def cli_engine_args(args) -> dict:

@@ -15,6 +15,8 @@ class ForwardContext:
     seq_lens: torch.Tensor  # [seqs] int32: tokens in the cache after this step
     cu_seqlens: list[int] | None = None  # prefill: token offsets of each sequence
     query_start_loc: torch.Tensor | None = None  # prefill: cu_seqlens as [seqs + 1] int32
+    # pooling (no KV cache): runs of equal-length sequences, (first token, count, length)
+    length_groups: list[tuple[int, int, int]] | None = None
 
 
 _current: ForwardContext | None = None

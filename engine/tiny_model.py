@@ -100,9 +100,11 @@ def _checkpoint_shapes(config: dict) -> dict:
     params = dict(model.named_parameters())
     shapes, seen = {}, set()
     # one key per parameter part: the current name where the map also takes an
-    # older one (OPT's first exports, without "model.")
-    for key, (name, part) in sorted(model.checkpoint_map().items(),
-                                    key=lambda kv: (not kv[0].startswith("model."), kv[0])):
+    # older one (OPT's first exports, without "model."), else the map's first
+    # (an encoder's own checkpoints, before those of the same encoder under a head)
+    items = list(model.checkpoint_map().items())
+    for _, (key, (name, part)) in sorted(enumerate(items), key=lambda ikv: (
+            not ikv[1][0].startswith("model."), ikv[0])):
         if (name, part) in seen:
             continue
         seen.add((name, part))
@@ -121,6 +123,11 @@ def _random(key: str, shape: tuple, gemma: bool, g, init_std: float):
     return torch.randn(shape, generator=g) * 0.02  # biases
 
 
+def check_new_folder(folder: Path) -> None:
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ValueError(f"{folder} exists and is not an empty folder; choose a new one")
+
+
 def make_tiny_model(folder: str | Path, *, arch: str = "llama", seed: int = 0,
                     vocab_size: int = 512, init_std: float = 0.2) -> Path:
     """Write the checkpoint into folder (created; must be empty or absent)."""
@@ -128,10 +135,10 @@ def make_tiny_model(folder: str | Path, *, arch: str = "llama", seed: int = 0,
     from safetensors.torch import save_file
 
     if arch not in ARCHS:
-        raise ValueError(f"--arch {arch!r} is not one of: {', '.join(ARCHS)}")
+        raise ValueError(f"--arch {arch!r} is not one of: {', '.join(ARCHS)} (pooling models: "
+                         "engine.tiny_pooling_model)")
     folder = Path(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ValueError(f"{folder} exists and is not an empty folder; choose a new one")
+    check_new_folder(folder)
     tok = build_tokenizer(vocab_size)
     vocab = tok.get_vocab_size()
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)

@@ -43,7 +43,7 @@ def _app(api_key=None):
     from engine.entrypoints.openai.serving_engine import ServeOptions
 
     llm = types.SimpleNamespace(tokenizer=None, model_config=types.SimpleNamespace(vocab_size=8),
-                                dead=None)
+                                dead=None, pooling_tasks=())
     state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=Metrics("m"),
                                   model_names=["m"], max_body_bytes=None,
                                   options=ServeOptions())

@@ -14,10 +14,11 @@ import logging
 from typing import AsyncIterator
 
 from engine.core.core_client import AsyncMPClient, CoreProcess
-from engine.core.input_processor import InputProcessor
+from engine.core.input_processor import OFFLOAD_CHARS, InputProcessor
 from engine.core.messages import EngineCoreOutputs, EngineCoreReady, SchedulerStats
 from engine.core.output_processor import (EngineDeadError, OutputProcessor, RequestFailedError,
                                           RequestState, RequestUpdate, merged)
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 logger = logging.getLogger("engine")
@@ -42,6 +43,9 @@ class AsyncLLM:
         self.client, self.ready = client, ready
         self.model_config, self.tokenizer = model_config, tokenizer
         self.max_model_len = ready.max_model_len
+        self.pooling_tasks = tuple(ready.pooling_tasks)  # () : the engine generates
+        # BERT reads token types: a pair's second text is sent as type 1
+        self.token_types = model_config.hf.get("type_vocab_size", 0) > 1
         self.max_waiting = max_waiting
         self.stats = stats
         self.processor = InputProcessor(tokenizer, model_config.vocab_size, ready.max_model_len,
@@ -147,6 +151,18 @@ class AsyncLLM:
             ids = await self.processor.tokenize_async(prompt, add_special_tokens)
             return self.processor.from_token_ids(request_id, ids, params, index, prompt)
         return self.processor.from_token_ids(request_id, list(prompt), params, index)
+
+    async def make_pooling_request(self, prompt, params: PoolingParams, index: int = 0,
+                                   pair: str | None = None, add_special_tokens: bool = True
+                                   ) -> RequestState:
+        """A checked pooling request (ValueError naming input {index}): a
+        text, a (text, pair) of a cross-encoder, or token ids."""
+        request_id = f"{self._prefix}{next(self._ids)}"
+        if isinstance(prompt, str) and pair is None and len(prompt) > OFFLOAD_CHARS:
+            # off the event loop
+            prompt = await self.processor.tokenize_async(prompt, add_special_tokens)
+        return self.processor.pooling_request(request_id, prompt, params, index, pair,
+                                              self.token_types, add_special_tokens)
 
     def num_waiting(self) -> int:
         """Requests that have not had their first token yet."""

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from engine.config import ModelConfig
     from engine.core.messages import SchedulerStats
     from engine.core.output_processor import RequestState, RequestUpdate
+    from engine.pooling_params import PoolingParams
     from engine.sampling_params import SamplingParams
 
 
@@ -22,10 +23,15 @@ class EngineClient(Protocol):
     max_waiting: int | None  # requests that may wait for their first step (None: no bound)
     dead: str | None  # why the engine core stopped, once it has
     scheduler_stats: SchedulerStats  # as of the core's last step
+    pooling_tasks: tuple[str, ...]  # a pooling engine's tasks; () : it generates
 
     async def make_request(self, prompt, params: SamplingParams, index: int = 0,
                            add_special_tokens: bool = True,
                            request_id: str | None = None) -> RequestState: ...
+
+    async def make_pooling_request(self, prompt, params: PoolingParams, index: int = 0,
+                                   pair: str | None = None, add_special_tokens: bool = True
+                                   ) -> RequestState: ...
 
     def add(self, states: list[RequestState]) -> None: ...
 

@@ -14,11 +14,13 @@ import torch
 
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from engine.core.pooling_scheduler import PoolingScheduler
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig, create_engine_config
 from engine.executor.select import make_executor
+from engine.pooling_params import NO_SAMPLING
 
 
 class EngineCore:
@@ -30,13 +32,19 @@ class EngineCore:
         c = self.engine_config
         self.path, self.config, self.dtype = c.path, c.model, c.dtype
         self.max_model_len = c.max_model_len
-        self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
+        self.scheduler: Scheduler
+        if c.pooler is not None:  # no KV cache: engine/core/pooling_scheduler.py
+            self.scheduler = PoolingScheduler(c.max_num_seqs, c.max_num_batched_tokens,
+                                              c.block_size)
+            self.blocks = self.scheduler.blocks
+        else:
+            self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
+            self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens,
+                                       c.enable_chunked_prefill, tuple(c.model.eos_token_ids),
+                                       c.max_model_len)
         self.executor = make_executor(c, self.blocks)
         if c.seed is not None:  # unseeded requests draw from the global generator
             torch.manual_seed(c.seed)
-        self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens,
-                                   c.enable_chunked_prefill, tuple(c.model.eos_token_ids),
-                                   c.max_model_len)
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[str] = []  # request ids of the step under way
         self.last_output: SchedulerOutput | None = None
@@ -49,12 +57,23 @@ class EngineCore:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already running")
         ids, vocab = req.prompt_token_ids, self.config.vocab_size
-        if not ids or len(ids) + 1 > self.max_model_len:
+        pooling = self.engine_config.pooler is not None
+        if (req.pooling_params is not None) != pooling or (req.sampling_params is None) != pooling:
+            raise ValueError(f"request {req.request_id}: this engine "
+                             f"{'pools' if pooling else 'generates'}; the request asks otherwise")
+        room = 0 if pooling else 1  # a generated token's place
+        if not ids or len(ids) + room > self.max_model_len:
             raise ValueError(f"request {req.request_id}: {len(ids)} prompt tokens; the "
                              f"context is {self.max_model_len}")
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"request {req.request_id}: token ids must be in [0, {vocab})")
-        seq = Sequence(ids, req.sampling_params, req.request_id, req.client_index)
+        types = req.token_type_ids
+        if types is not None and (len(types) != len(ids) or min(types) < 0
+                                  or max(types) >= self.config.hf.get("type_vocab_size", 2)):
+            raise ValueError(f"request {req.request_id}: token_type_ids must be one per token, "
+                             "each a type the model has")
+        seq = Sequence(ids, req.sampling_params or NO_SAMPLING, req.request_id, req.client_index)
+        seq.pooling_params, seq.token_type_ids = req.pooling_params, types
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
 

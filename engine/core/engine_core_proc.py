@@ -185,7 +185,8 @@ def ready_message(core, warm_up_s: float) -> EngineCoreReady:
     c = core.engine_config
     return EngineCoreReady(core.max_model_len, c.num_blocks * c.data_parallel_size,
                            c.block_size, str(core.dtype).replace("torch.", ""),
-                           c.max_num_batched_tokens, warm_up_s)
+                           c.max_num_batched_tokens, warm_up_s,
+                           list(c.pooler.tasks) if c.pooler is not None else [])
 
 
 def warm_up(core) -> float:
@@ -199,6 +200,17 @@ def warm_up(core) -> float:
     vocab = core.config.vocab_size
     ids = [3 + i % max(vocab - 3, 1) for i in range(min(48, max(1, core.max_model_len // 2)))]
     steps = min(WARM_UP_TOKENS, core.max_model_len - len(ids) - 1)
+    pooler = core.engine_config.pooler
+    if pooler is not None:  # a pooling engine: a batch of two lengths, one step
+        from engine.pooling_params import PoolingParams
+
+        for i in range(2):
+            core.add_request(EngineCoreRequest(f"warm-up-{i}", ids[:len(ids) - 4 * i] or ids,
+                                               None, pooling_params=PoolingParams(
+                                                   task=pooler.tasks[0])))
+        steps = 0
+        while core.has_unfinished():
+            core.step()
     if steps >= 1:
         for i, temperature in enumerate((0.0, 1.0)):
             params = SamplingParams(temperature=temperature, seed=0, max_tokens=steps,

@@ -8,6 +8,7 @@ import re
 from engine.core import cpu_share
 from engine.core.long_text import encode_long
 from engine.core.output_processor import RequestState
+from engine.pooling_params import NO_SAMPLING, PoolingParams
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 # Texts longer than this are tokenized in a worker thread by encode_batch
@@ -56,6 +57,40 @@ class InputProcessor:
         if len(text) <= OFFLOAD_CHARS:
             return self.tokenize(text, add_special_tokens)
         return await cpu_share.in_thread(self.tokenize, text, add_special_tokens)
+
+    def pooling_request(self, request_id: str, prompt, params: PoolingParams, index: int = 0,
+                        pair: str | None = None, token_types: bool = False,
+                        add_special_tokens: bool = True) -> RequestState:
+        """A checked pooling request: a text (with `pair`, a cross-encoder's
+        pair, tokenized as the model's tokenizer joins two texts) or token
+        ids; ValueError naming input {index} when it cannot run. token_types:
+        the model reads token types (BERT's), so a pair's are sent."""
+        types = None
+        if isinstance(prompt, str):
+            if pair is None:
+                ids, text = self.tokenize(prompt, add_special_tokens), prompt
+            else:
+                check_unicode(prompt, f"input {index}")
+                check_unicode(pair, f"input {index}")
+                enc = self.tokenizer.encode(prompt, pair, add_special_tokens=add_special_tokens)
+                ids, types, text = enc.ids, enc.type_ids, prompt
+        else:
+            ids, text = list(prompt), None
+            vocab = self.vocab_size
+            if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+                raise ValueError(f"input {index}: token ids must be integers in [0, {vocab})")
+        if not ids:
+            raise ValueError(f"input {index} is empty")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"input {index} has {len(ids)} tokens; the model takes at most "
+                             f"{self.max_model_len}; shorten it")
+        if ids and max(ids) >= self.vocab_size:
+            raise ValueError(f"input {index}: the tokenizer gave token id {max(ids)}, but the "
+                             f"model's vocabulary has {self.vocab_size}")
+        state = RequestState(request_id, text, ids, NO_SAMPLING, index, self.tokenizer)
+        state.pooling_params = params
+        state.token_type_ids = types if token_types and types and any(types) else None
+        return state
 
     def make_request(self, request_id: str, prompt, params: SamplingParams,
                      index: int = 0) -> RequestState:

@@ -8,6 +8,7 @@ import enum
 
 import msgspec
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -22,9 +23,11 @@ class RequestType(bytes, enum.Enum):
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None for a pooling request
     arrival_time: float = 0.0
     client_index: int = 0  # which API server process hears its outputs
+    pooling_params: PoolingParams | None = None  # a pooling engine's request (upstream's)
+    token_type_ids: list[int] | None = None  # BERT's token types (a pair's second text: 1)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -43,6 +46,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     # only) and how often it was preempted (last output only)
     scheduled_time: float = 0.0
     num_preemptions: int = 0
+    # a pooling request's vector: float32 little-endian bytes (what base64 sends as is)
+    pooled: bytes | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -77,6 +82,8 @@ class EngineCoreReady(msgspec.Struct, array_like=True, tag=True, gc=False):
     dtype: str
     max_num_batched_tokens: int
     warm_up_s: float
+    # a pooling engine's tasks (engine.pooler_config.PoolerConfig.tasks); () : it generates
+    pooling_tasks: list[str] = []
 
 
 class EngineCoreFailed(msgspec.Struct, array_like=True, tag=True, gc=False):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.messages import EngineCoreOutput, EngineCoreRequest
 from engine.core.sequence import PromptAndOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -25,6 +26,7 @@ class RequestUpdate:
     text: str = ""  # the new text (streamed: stable text only; the rest on the last update)
     logprobs: list | None = None  # the new tokens' (logprob, top) when the request asks
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    pooled: bytes | None = None  # a pooling request's vector (float32, little-endian)
 
 
 class RequestFailedError(RuntimeError):
@@ -59,10 +61,19 @@ class RequestState(PromptAndOutput):
         self.num_preemptions = 0
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        # a pooling request's (params is then NO_SAMPLING): what it asks, its token
+        # types, and its vector once done
+        self.pooling_params: PoolingParams | None = None
+        self.token_type_ids: list[int] | None = None
+        self.pooled: bytes | None = None
 
     def core_request(self, client_index: int = 0) -> EngineCoreRequest:
-        return EngineCoreRequest(self.request_id, self.token_ids[:self.num_prompt_tokens],
-                                 self.params, time.time(), client_index)
+        prompt = self.token_ids[:self.num_prompt_tokens]
+        if self.pooling_params is not None:
+            return EngineCoreRequest(self.request_id, prompt, None, time.time(), client_index,
+                                     self.pooling_params, self.token_type_ids)
+        return EngineCoreRequest(self.request_id, prompt, self.params, time.time(),
+                                 client_index)
 
     @property
     def detokenizer(self) -> IncrementalDetokenizer:
@@ -130,6 +141,12 @@ class OutputProcessor:
             state.queue.put_nowait(update)
 
     def _apply(self, state: RequestState, o: EngineCoreOutput, now: float) -> RequestUpdate:
+        if o.pooled is not None:  # a pooling request: done, no text
+            state.pooled, state.finish_reason = o.pooled, o.finish_reason or "stop"
+            if self.on_output is not None:
+                self.on_output(state, 0, now)
+            state.first_token_time = state.last_token_time = now
+            return RequestUpdate([], state.finish_reason, pooled=o.pooled)
         ids = o.new_token_ids
         detok = state.detokenizer
         kept = detok.add(ids)
@@ -176,4 +193,4 @@ def merged(a: RequestUpdate, b: RequestUpdate) -> RequestUpdate:
     """Two updates of one request as one (b came after a)."""
     logprobs = None if a.logprobs is None else a.logprobs + (b.logprobs or [])
     return RequestUpdate(a.new_token_ids + b.new_token_ids, b.finish_reason, a.text + b.text,
-                         logprobs, b.stop_reason)
+                         logprobs, b.stop_reason, b.pooled or a.pooled)

@@ -7,6 +7,7 @@ import itertools
 
 import torch
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -83,6 +84,10 @@ class Sequence(PromptAndOutput):
         # (logprob, rank, [(id, logprob) of the top k])
         self.prompt_logprobs: list = []
         self._generator: torch.Generator | None = None
+        # a pooling request's (engine/core/pooling_scheduler.py): what it asks, and
+        # its tokens' types (a cross-encoder's pair), None for all of type 0
+        self.pooling_params: PoolingParams | None = None
+        self.token_type_ids: list[int] | None = None
 
     @property
     def finish_reason(self) -> str | None:

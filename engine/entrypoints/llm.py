@@ -14,6 +14,7 @@ from typing import Sequence as Seq
 
 from engine.core.input_processor import InputProcessor, load_tokenizer
 from engine.core.output_processor import OutputProcessor, RequestState
+from engine.entrypoints.llm_pooling import PoolingMixin
 from engine.executor.data_parallel import engine_core
 from engine.sampling_params import SamplingParams, with_model_defaults
 
@@ -35,7 +36,7 @@ class RequestOutput:
     finished: bool = True
 
 
-class LLM:
+class LLM(PoolingMixin):
     """Runs prompts to completion on an EngineCore in this process (the same
     core the server runs in a process of its own; with data_parallel_size > 1
     the front of that many), with the server's input and output processing
@@ -64,6 +65,10 @@ class LLM:
         """One RequestOutput per prompt, in prompt order. Prompts are strings,
         token id lists (or given as prompt_token_ids=), or upstream's prompt
         dicts: {"prompt": text} and {"prompt_token_ids": ids}."""
+        tasks = self._tasks()
+        if tasks:
+            raise ValueError(f"generate: this is a pooling model; it serves {', '.join(tasks)} "
+                             "(LLM.embed, LLM.classify, LLM.score)")
         if prompt_token_ids is not None:
             prompts = prompt_token_ids
         if not prompts:

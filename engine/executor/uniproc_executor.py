@@ -9,7 +9,9 @@ from engine.distributed.parallel_state import replica_bindings
 from engine.engine_args import EngineConfig
 from engine.platforms import current as current_platform
 from engine.platforms import cpu_binding, cpu_preload
-from engine.worker.cpu_worker import build_runner
+from engine.worker.cpu_worker import build_pooling_runner, build_runner
+from engine.worker.model_runner import ModelRunner
+from engine.worker.pooling_model_runner import PoolingModelRunner
 
 
 
@@ -20,11 +22,14 @@ class UniProcExecutor:
             if config.bind_threads:
                 cpu_binding.apply(replica_bindings(1, config.data_parallel_size,
                                                    config.data_parallel_rank)[0])
-        self.runner = build_runner(config, blocks)
+        self.runner: ModelRunner | PoolingModelRunner = \
+            build_pooling_runner(config) if config.pooler is not None else \
+            build_runner(config, blocks)
         self.model, self.linear_mode = self.runner.model, self.runner.linear_mode
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        """One token per sequence, sampled from the batch's logits."""
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> list:
+        """One token per sequence, sampled from the batch's logits (a pooling
+        model: one pooled vector per sequence)."""
         return self.runner.run(seqs, is_prefill)
 
     def check_health(self) -> None:

@@ -101,13 +101,16 @@ def load_weights(model: CausalLM, path: Path,
     mapping = {k: v for k, v in _with_quant_tensors(model.checkpoint_map(), params).items()
                if k not in already_read}
     skip = set(getattr(model, "skipped_checkpoint_keys", lambda: ())()) | set(already_read)
+    # heads a pooling model does not run (an encoder's pretraining head)
+    ignored = tuple(getattr(model, "ignored_checkpoint_prefixes", lambda: ())())
     loaded: dict[str, set] = {}
     with torch.no_grad():
         for file in files:
             with open(file, "rb", buffering=0) as f:
                 header = _header(f, file.name, file.stat().st_size)
                 for key, info in header.items():
-                    if key in skip or key.endswith(_IGNORED_SUFFIXES):
+                    if key in skip or key.endswith(_IGNORED_SUFFIXES) or \
+                            (ignored and key.startswith(ignored)):
                         continue
                     if not stage_holds(model.config, key):  # another pipeline stage's
                         continue

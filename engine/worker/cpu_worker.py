@@ -11,12 +11,14 @@ from engine.engine_args import EngineConfig
 from engine.model_executor.layers import quantization
 from engine.model_executor.layers.linear import log_cpu_linear_choice
 from engine.model_executor.model_loader import load_weights
-from engine.model_executor.models.registry import model_class
+from engine.model_executor.models.adapters import as_embedding_model
+from engine.model_executor.models.registry import POOLING_ARCHITECTURES, model_class
 from engine.platforms import ZenCpuPlatform
 from engine.platforms import current as current_platform
 from engine.platforms import cpu_hugepages, cpu_malloc
 from engine.platforms.cpu_features import PLAIN
 from engine.worker.model_runner import ModelRunner
+from engine.worker.pooling_model_runner import PoolingModelRunner, make_pooler
 
 logger = logging.getLogger("engine")
 
@@ -24,9 +26,28 @@ logger = logging.getLogger("engine")
 def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
     """The model (this rank's shard under tensor parallelism) with its weights
     loaded and laid out for this CPU, over a KV cache of `blocks`."""
+    model, linear_mode = _load(config)
+    runner = ModelRunner(model, blocks, config.dtype, current_platform().device())
+    runner.linear_mode = linear_mode
+    return runner
+
+
+def build_pooling_runner(config: EngineConfig) -> PoolingModelRunner:
+    """A pooling model (engine/worker/pooling_model_runner.py): no KV cache."""
+    model, linear_mode = _load(config)
+    runner = PoolingModelRunner(model, make_pooler(model, config), current_platform().device())
+    runner.linear_mode = linear_mode
+    return runner
+
+
+def _load(config: EngineConfig):
+    """(the model, loaded and laid out, its linear layers' mode)."""
     platform = current_platform()
     device = platform.device()
-    model = model_class(config.model.architecture)(config.model, config.dtype).to(device)
+    cls = model_class(config.model.architecture)
+    if config.pooler is not None and config.model.architecture not in POOLING_ARCHITECTURES:
+        cls = as_embedding_model(cls)  # a decoder's hidden states, no LM head
+    model = cls(config.model, config.dtype).to(device)
     load_weights(model, config.path, already_read=quantization.apply(model, config.path))
     model.eval()
     linear_mode = PLAIN
@@ -39,6 +60,4 @@ def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
         cpu_hugepages.trim_heap()  # what loading and packing freed goes back first
         if envs.cpu_keep_freed_memory():
             cpu_malloc.keep_freed_memory()  # then a step's freed activations stay
-    runner = ModelRunner(model, blocks, config.dtype, device)
-    runner.linear_mode = linear_mode
-    return runner
+    return model, linear_mode

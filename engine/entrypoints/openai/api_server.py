@@ -17,10 +17,14 @@ from engine.entrypoints.openai.request_limits import BodySizeLimit
 from engine.entrypoints.openai.serving_tokens import add_token_routes
 from engine.entrypoints.openai.serving_chat import create_chat_completion
 from engine.entrypoints.openai.serving_completion import create_completion
+from engine.entrypoints.openai.serving_pooling import (ClassificationRequest, EmbeddingRequest,
+                                                       create_classification, create_embedding)
 from engine.entrypoints.openai.serving_responses import ResponsesRequest, create_response
 from engine.entrypoints.openai.http_metrics import HttpMetrics
 from engine.entrypoints.openai.openapi_errors import PROBE_RESPONSES, document_errors
 from engine.entrypoints.openai.request_id import RequestIdHeader
+from engine.entrypoints.openai.serving_score import (RerankRequest, ScoreRequest, create_rerank,
+                                                     create_score)
 from engine.entrypoints.openai.serving_engine import (APIError, ServerState, error_response,
                                                       json_body, serve_options)
 
@@ -83,8 +87,15 @@ def build_app(state: ServerState, docs: bool = True,
             if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
+    async def generates(request: Request) -> None:
+        if state.llm.pooling_tasks:
+            raise APIError(400, f"{request.url.path}: this server runs a pooling model, which "
+                           f"serves {', '.join(state.llm.pooling_tasks)} "
+                           "(/v1/embeddings, /classify, /score, /rerank), not text generation")
+
     v1 = [Depends(authorized)]
     v1_json = v1 + [Depends(json_body)]  # the key first: a stranger learns nothing more
+    v1_generate = v1_json + [Depends(generates)]
 
     @app.get("/health", response_class=Response, responses=PROBE_RESPONSES)
     async def health():
@@ -110,17 +121,44 @@ def build_app(state: ServerState, docs: bool = True,
              "root": str(state.model_dir), "parent": None, "max_model_len": state.max_model_len}
             for name in state.model_names]}
 
-    @app.post("/v1/completions", dependencies=v1_json)
+    @app.post("/v1/completions", dependencies=v1_generate)
     async def completions(body: CompletionRequest, request: Request):
         return await create_completion(state, body, request)
 
-    @app.post("/v1/chat/completions", dependencies=v1_json)
+    @app.post("/v1/chat/completions", dependencies=v1_generate)
     async def chat(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(state, body, request)
 
-    @app.post("/v1/responses", dependencies=v1_json)
+    @app.post("/v1/responses", dependencies=v1_generate)
     async def responses(body: ResponsesRequest, request: Request):
         return await create_response(state, body, request)
 
+    add_pooling_routes(app, state, v1_json)
     document_errors(app)
     return app
+
+
+def add_pooling_routes(app: FastAPI, state: ServerState, deps: list) -> None:
+    """Upstream's pooling routes; each answers 400 on a model without its task."""
+
+    @app.post("/v1/embeddings", dependencies=deps)
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        return await create_embedding(state, body, request)
+
+    @app.post("/pooling", dependencies=deps)
+    async def pooling(body: EmbeddingRequest, request: Request):
+        return await create_embedding(state, body, request, obj="pooling")
+
+    @app.post("/classify", dependencies=deps)
+    async def classify(body: ClassificationRequest, request: Request):
+        return await create_classification(state, body, request)
+
+    for path in ("/score", "/v1/score"):
+        @app.post(path, dependencies=deps)
+        async def score(body: ScoreRequest, request: Request):
+            return await create_score(state, body, request)
+
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        @app.post(path, dependencies=deps)
+        async def rerank(body: RerankRequest, request: Request):
+            return await create_rerank(state, body, request)

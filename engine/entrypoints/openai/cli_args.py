@@ -22,8 +22,6 @@ ONLY: dict[str, tuple[tuple, str]] = {
     "--scheduling-policy": (("fcfs",), "requests are scheduled first come, first served"),
     "--chat-template-content-format": (("auto", "string"),
                                       "message content parts are joined into one string"),
-    "--runner": (("auto", "generate"), "this engine generates text only"),
-    "--convert": (("auto", "none"), "this engine generates text only"),
     "--model-impl": (("auto", "vllm"), "the engine's own model code runs"),
 }
 # flag -> why this engine cannot honour it (refused whenever it is given)

@@ -115,7 +115,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         max_body_bytes=args.max_request_body_bytes or
                         default_max_body_bytes(ready.max_model_len),
                         max_tok_bytes=front.max_tok_bytes, options=options)
-    if front.template is None and client.client_index == 0:
+    if front.template is None and client.client_index == 0 and not ready.pooling_tasks:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)
     app = build_app(state, docs=not args.disable_fastapi_docs,

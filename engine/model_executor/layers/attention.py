@@ -16,7 +16,7 @@ from torch import nn
 
 from engine import envs, ops
 from engine.forward_context import ForwardContext, get_context
-from engine.model_executor.layers import windowed_attention
+from engine.model_executor.layers import encoder_attention, windowed_attention
 
 
 class Attention(nn.Module):
@@ -73,6 +73,11 @@ class Attention(nn.Module):
                        v: torch.Tensor, ctx: ForwardContext) -> None:
         """Each prompt over its own keys (whole prompts only: no cached prefix)."""
         assert ctx.cu_seqlens is not None, "the runner sets it for every prefill"
+        if ctx.length_groups is not None and self.softcap is None and not self._in_torch(
+                max(n for _, _, n in ctx.length_groups)):  # a pooling batch: by length
+            encoder_attention.attend_by_length(out, q, k, v, ctx.length_groups, self.scale,
+                                               causal=True)
+            return
         gqa = self.num_heads != self.num_kv_heads
         for start, end in zip(ctx.cu_seqlens[:-1], ctx.cu_seqlens[1:]):
             if self._in_torch(end - start):

@@ -22,8 +22,29 @@ _ARCHITECTURES = {
     "MixtralForCausalLM": ("mixtral", "moe", "MoeForCausalLM"),
     "Qwen2MoeForCausalLM": ("qwen2_moe", "moe", "MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "moe", "MoeForCausalLM"),
+    # encoders: pooling models only (engine.pooler_config), the base model first
+    # of each model_type (the one a config without `architectures` gets)
+    "BertModel": ("bert", "bert", "BertModel"),
+    "BertForSequenceClassification": ("bert", "bert", "BertForSequenceClassification"),
+    "RobertaModel": ("roberta", "roberta", "RobertaModel"),
+    "RobertaForSequenceClassification": ("roberta", "roberta",
+                                         "RobertaForSequenceClassification"),
+    "XLMRobertaModel": ("xlm-roberta", "roberta", "RobertaModel"),
+    "XLMRobertaForSequenceClassification": ("xlm-roberta", "roberta",
+                                            "RobertaForSequenceClassification"),
 }
-_BY_MODEL_TYPE = {mt: arch for arch, (mt, _, _) in _ARCHITECTURES.items()}
+_BY_MODEL_TYPE: dict[str, str] = {}
+for _arch, (_mt, _, _) in _ARCHITECTURES.items():
+    _BY_MODEL_TYPE.setdefault(_mt, _arch)
+
+#: architectures that only pool (no LM head), and the head each has: "embed"
+#: (hidden states pooled) or "classify" (a sequence-classification head)
+POOLING_ARCHITECTURES = {
+    "BertModel": "embed", "RobertaModel": "embed", "XLMRobertaModel": "embed",
+    "BertForSequenceClassification": "classify",
+    "RobertaForSequenceClassification": "classify",
+    "XLMRobertaForSequenceClassification": "classify",
+}
 
 SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
 SUPPORTED_MODEL_TYPES = tuple(_BY_MODEL_TYPE)

@@ -65,12 +65,17 @@ def test_ids_and_their_text(c, tokenizer):
 
 
 def test_stop_token_ids_leave_the_token_text_out(c, tokenizer):
-    ids = _complete(c, return_token_ids=True, ignore_eos=True).choices[0].token_ids
-    out = _complete(c, stop_token_ids=[ids[1]], return_token_ids=True).choices[0]
-    assert (out.finish_reason, out.stop_reason) == ("stop", ids[1])
-    assert out.token_ids == ids[:2] and out.text == tokenizer.decode(ids[:1])
-    kept = _complete(c, stop_token_ids=[ids[1]], include_stop_str_in_output=True).choices[0]
-    assert kept.text == tokenizer.decode(ids[:2])
+    ids = _complete(c, max_tokens=12, return_token_ids=True, ignore_eos=True).choices[0].token_ids
+    # a stop token with text of its own (not a byte of a longer character), first seen at j
+    j = next(j for j in range(1, len(ids)) if ids[j] not in ids[:j]
+             and "\ufffd" not in tokenizer.decode(ids[j:j + 1]))
+    out = _complete(c, max_tokens=12, stop_token_ids=[ids[j]], return_token_ids=True).choices[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", ids[j])
+    assert out.token_ids == ids[:j + 1]
+    assert out.text == tokenizer.decode(ids[:j]).rstrip("\ufffd")
+    kept = _complete(c, max_tokens=12, stop_token_ids=[ids[j]],
+                     include_stop_str_in_output=True).choices[0]
+    assert kept.text == tokenizer.decode(ids[:j + 1])
 
 
 def test_sampling_fields(c, tokenizer):

@@ -107,8 +107,5 @@ class IncrementalDetokenizer:
         if self.stop_string is not None:
             return self.text
         text = _decode_after(self.tokenizer, self.context, output_ids, self.skip_special)
-        if text.endswith("\ufffd") and text.startswith(self.text):
-            tail = text[len(self.text):]
-            if tail.strip("\ufffd") == "":
-                return self.text
-        return text
+        # the decode stream never hands out a trailing U+FFFD (it waits for more bytes)
+        return text.rstrip("\ufffd")

@@ -17,6 +17,8 @@ MODEL_SIZES = {
     "large": dict(hidden=2048, layers=8, heads=16, kv_heads=16, inter=5456, vocab_size=2006),
     # the shape of SmolLM-135M (a real small Llama)
     "smollm": dict(hidden=576, layers=30, heads=9, kv_heads=3, inter=1536, vocab_size=49152),
+    # 117M parameters (470 MB in float32): one token's forward reads them all
+    "medium": dict(hidden=1024, layers=8, heads=16, kv_heads=4, inter=2816, vocab_size=8192),
 }
 MAX_POS = 1024  # the peer runs with max_model_len=1024
 
@@ -65,7 +67,8 @@ def active_params(size: str, arch: str) -> int:
     return num_params(size, arch, MOE_ARCHS[arch][1] if arch in MOE_ARCHS else None)
 
 
-def make_model(folder: Path, size: str, max_pos: int = MAX_POS, arch: str = "llama") -> Path:
+def make_model(folder: Path, size: str, max_pos: int = MAX_POS, arch: str = "llama",
+               init_std: float = 0.02) -> Path:
     """The checkpoint (transformers writes it, fixed seed), with a tokenizer
     whose every id is a word, so that any generated id decodes in both engines."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -73,7 +76,7 @@ def make_model(folder: Path, size: str, max_pos: int = MAX_POS, arch: str = "lla
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     shape = MODEL_SIZES[size]
-    make_checkpoint(folder, arch, max_pos=max_pos, init_std=0.02,
+    make_checkpoint(folder, arch, max_pos=max_pos, init_std=init_std,
                     **{**shape, **moe_config(size, arch)})
     words = list(dict.fromkeys(WORDS))
     words += [f"w{i}" for i in range(shape["vocab_size"] - 3 - len(words))]

@@ -30,6 +30,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     scheduler_args(p)
+    speculative_args(p)
     parallel_args(p)
 
 
@@ -51,6 +52,25 @@ def scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="reuse the KV blocks of a prompt prefix computed before "
                    "(default: on)")
+
+
+def speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   metavar="JSON", help='speculative decoding, e.g. \'{"method": "ngram", '
+                   '"num_speculative_tokens": 4, "prompt_lookup_max": 5}\' (default: none)')
+
+
+def _speculative_config(text: str) -> dict:
+    """The flag's JSON, checked before anything loads (one line naming the key)."""
+    import json
+
+    from engine.spec_decode.config import SpeculativeConfig
+
+    try:
+        SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return json.loads(text)
 
 
 def parallel_args(p: argparse.ArgumentParser) -> None:
@@ -122,6 +142,7 @@ def _serve_parser(sub) -> None:
     s.add_argument("--block-size", type=int, default=128)
     runner_args(s)
     scheduler_args(s)
+    speculative_args(s)
     parallel_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: MODEL as given)")

@@ -17,6 +17,7 @@ from engine.model_executor.layers.parallel import (TP_ARCHITECTURES, check_shard
 from engine.model_source import resolve_model
 from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.platforms import current as current_platform
+from engine.spec_decode.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -47,6 +48,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
     seed: int | None = None  # the global sampler seed of requests without their own
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     # --runner pooling (engine.pooler_config): how it pools; None: it generates
     pooler: PoolerConfig | None = None
 
@@ -181,13 +183,19 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          enable_prefix_caching: bool | None = None,
                          data_parallel_size: int = 1, data_parallel_rank: int = 0,
                          pipeline_parallel_size: int = 1, runner: str = "auto",
-                         convert: str = "auto", seed: int | None = None,
+                         convert: str = "auto",
+                         speculative_config: str | dict | SpeculativeConfig | None = None,
+                         seed: int | None = None,
                          ) -> EngineConfig:
+    spec = SpeculativeConfig.parse(speculative_config)  # before the model: fails fast
     path = resolve_model(model)
     mc = ModelConfig.from_dir(path)
     pooler = resolve_runner(mc, path, runner, convert)
     torch_dtype = resolve_dtype(dtype, mc)
     if pooler is not None:
+        if spec is not None:
+            raise ValueError("--speculative-config drafts generated tokens; a pooling model "
+                             "(--runner pooling) generates none: leave it out")
         return _pooling_config(path, mc, pooler, torch_dtype, max_model_len, max_num_seqs,
                                max_num_batched_tokens, block_size, bind_threads,
                                tensor_parallel_size * pipeline_parallel_size * data_parallel_size)
@@ -219,7 +227,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix, seed)
+                        prefix, seed, spec)
 
 
 def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,
@@ -291,7 +299,7 @@ def parallel_backend(mc: ModelConfig, tp: int, backend: str | None, pp: int = 1)
 _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
-                    "enable_prefix_caching", "runner", "convert", "seed")
+                    "enable_prefix_caching", "runner", "convert", "speculative_config", "seed")
 
 
 def cli_engine_args(args) -> dict:

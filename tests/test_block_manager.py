@@ -271,7 +271,8 @@ def test_prefix_cache_counters_reach_the_metrics():
 
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
     core = SimpleNamespace(blocks=bm, scheduler=SimpleNamespace(running=[], waiting=[],
-                                                                num_preemptions=0))
+                                                                num_preemptions=0,
+                                                                spec_stats=None))
     m = Metrics("tiny")
     tokens = list(range(2 * BS + 1))
     for _ in range(2):

@@ -23,7 +23,6 @@ def _serve_error(capsys, *argv) -> str:
 @pytest.mark.parametrize("argv, needle", [
     (["--lora-modules", "a=b"], "--lora-modules is not supported by this engine: LoRA"),
     (["--enable-lora"], "--enable-lora is not supported"),
-    (["--speculative-config", "{}"], "--speculative-config is not supported"),
     (["--quantization", "awq"], "--quantization is not supported by this engine: the "
      "quantization is read from the checkpoint's config.json"),
     (["--ssl-keyfile", "k.pem"], "--ssl-keyfile is not supported"),

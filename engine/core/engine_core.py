@@ -21,6 +21,8 @@ from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig, create_engine_config
 from engine.executor.select import make_executor
 from engine.pooling_params import NO_SAMPLING
+from engine.spec_decode.metrics import SpecDecodingStats
+from engine.spec_decode.ngram_proposer import NgramProposer
 
 
 class EngineCore:
@@ -43,6 +45,10 @@ class EngineCore:
                                        c.enable_chunked_prefill, tuple(c.model.eos_token_ids),
                                        c.max_model_len)
         self.executor = make_executor(c, self.blocks)
+        spec = c.speculative_config
+        self.drafter = NgramProposer(spec, c.max_model_len) if spec else None
+        if spec:
+            self.scheduler.spec_stats = SpecDecodingStats.for_tokens(spec.num_speculative_tokens)
         if c.seed is not None:  # unseeded requests draw from the global generator
             torch.manual_seed(c.seed)
         self.requests: dict[str, Sequence] = {}
@@ -97,6 +103,8 @@ class EngineCore:
         A batch that raises is run again a request at a time: those that
         raise again fail (failed_request_ids), the others go on. A step whose
         every request fails raises, leaving last_scheduled naming them."""
+        if self.drafter is not None:
+            self.drafter.propose_for(self.scheduler.running)
         out = self.scheduler.schedule()
         self.last_output = out
         self.last_scheduled = [s.request_id for s in out.scheduled]
@@ -159,7 +167,8 @@ class EngineCore:
         s, b = self.scheduler, self.blocks
         return SchedulerStats(len(s.running), len(s.waiting),
                               (b.num_blocks - b.num_free) / max(b.num_blocks, 1),
-                              b.prefix_queries, b.prefix_hits, s.num_preemptions)
+                              b.prefix_queries, b.prefix_hits, s.num_preemptions,
+                              s.spec_stats)
 
     def shutdown(self) -> None:
         shutdown = getattr(self.executor, "shutdown", None)

@@ -10,6 +10,7 @@ import msgspec
 
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
+from engine.spec_decode.metrics import SpecDecodingStats
 
 
 class RequestType(bytes, enum.Enum):
@@ -59,6 +60,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     prefix_cache_queries: int = 0  # totals since start (prompt tokens looked up)
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    spec_decoding: SpecDecodingStats | None = None  # with --speculative-config: totals
     num_scheduled_tokens: int = 0  # the step's tokens (vllm:iteration_tokens_total)
 
 

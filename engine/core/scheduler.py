@@ -31,6 +31,7 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.messages import EngineCoreOutput
 from engine.core.sequence import RequestStatus, Sequence
 from engine.core.stop_checker import check_stop
+from engine.spec_decode.metrics import SpecDecodingStats
 
 WATERMARK = 0.01  # of the cache's blocks, kept free by admission (upstream V0's default)
 
@@ -77,6 +78,9 @@ class Scheduler:
         self.prompt_tokens_cap: int | None = None
         self._copying: list[Sequence] = []  # admitted this step with a partial-block copy
         self._preempted: list[str] = []  # request ids, this step
+        # with speculative decoding: acceptance totals (engine/spec_decode)
+        self.spec_stats: SpecDecodingStats | None = None
+        self._draft_reserve = 0  # free blocks a step's drafts leave (its decodes' need)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -86,6 +90,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._preempted = []
+        if self.spec_stats is not None:  # drafts leave the running decodes' next blocks free
+            self._draft_reserve = self._decode_blocks()
         if self.enable_chunked_prefill:
             batch = self._schedule_chunked()
         else:
@@ -100,16 +106,18 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, tokens: list[int]
                            ) -> list[EngineCoreOutput]:
         """Advance the step's sequences by what it computed; `tokens`: one per
-        out.sampled. Finished sequences leave (their blocks freed)."""
+        out.sampled, the one after its accepted drafts if it had drafts (their
+        rejected tail is computed again later: its K/V slots are overwritten).
+        Finished sequences leave (their blocks freed)."""
         for seq in out.scheduled:
             seq.num_computed_tokens += seq.num_scheduled_tokens
-            self.blocks.cache_full_blocks(seq)
+            if not seq.spec_token_ids:
+                self.blocks.cache_full_blocks(seq)
         outputs = []
         max_len = self.max_model_len if self.max_model_len is not None else 1 << 62
         for seq, token in zip(out.sampled, tokens):
-            seq.token_ids.append(token)
-            status = check_stop(seq, token, self.eos_token_ids, max_len)
-            o = EngineCoreOutput(seq.request_id, [token])
+            new, status = self._append(seq, token, max_len)
+            o = EngineCoreOutput(seq.request_id, new)
             if seq.params.logprobs is not None:
                 o.new_logprobs = seq.logprobs[-1:]
             if seq.num_output_tokens == 1:
@@ -121,6 +129,25 @@ class Scheduler:
                 o.finish_reason, o.stop_reason = seq.finish_reason, seq.stop_reason
             outputs.append(o)
         return outputs
+
+    def _append(self, seq: Sequence, token: int, max_len: int):
+        """(the tokens the sequence gained, its finished status or None): its
+        accepted drafts and `token`, each checked for a stop in turn."""
+        drafts, seq.spec_token_ids = seq.spec_token_ids, []
+        new = drafts[:seq.num_accepted_drafts] + [token]
+        if drafts and self.spec_stats is not None:
+            self.spec_stats.observe(len(drafts), seq.num_accepted_drafts)
+        status = None
+        for i, t in enumerate(new):
+            seq.token_ids.append(t)
+            status = check_stop(seq, t, self.eos_token_ids, max_len)
+            if status is not None:
+                new = new[:i + 1]
+                break
+        if drafts:  # computed: its tokens but the last (rejected drafts' K/V are stale)
+            seq.num_computed_tokens = len(seq) - 1
+            self.blocks.cache_full_blocks(seq)
+        return new, status
 
     def _schedule_chunked(self) -> list[Sequence]:
         budget, batch, preempted = self.max_num_batched_tokens, [], False
@@ -135,12 +162,13 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted to make room for an older one
                 continue
-            left = len(seq) - seq.num_computed_tokens
+            left = len(seq) + len(seq.spec_token_ids) - seq.num_computed_tokens
             n = min(left, budget, chunk if left <= chunk else long_left)
             if n == 0:
                 continue
-            if left > 1:
+            if left > 1 and not seq.spec_token_ids:
                 long_left = max(long_left - n, 0)
+            n = self._fit_drafts(seq, n)
             while not self.blocks.can_allocate(seq, n):
                 victim = self.running[-1]  # the newest; never one scheduled already
                 self._preempt(victim)
@@ -198,7 +226,8 @@ class Scheduler:
         batch = []
         while self.running:
             seq = self.running.popleft()
-            while not self.blocks.can_allocate(seq, 1):
+            n = self._fit_drafts(seq, 1 + len(seq.spec_token_ids))
+            while not self.blocks.can_allocate(seq, n):
                 if self.running:
                     self._preempt(self.running.pop())  # the newest goes back to waiting
                 else:
@@ -207,11 +236,25 @@ class Scheduler:
                     seq.status = RequestStatus.PREEMPTED
                     break
             else:
-                self.blocks.allocate(seq, 1)
-                seq.num_scheduled_tokens = 1
+                self.blocks.allocate(seq, n)
+                seq.num_scheduled_tokens = n
                 batch.append(seq)
         self.running.extendleft(reversed(batch))
         return batch
+
+    def _fit_drafts(self, seq: Sequence, n: int) -> int:
+        """A decode's tokens this step (n: its last token and drafts, or fewer
+        when the budget is short): its drafts cut to them, and dropped when
+        their K/V would take a block the running decodes need for their next
+        token (counted at the step's start): a draft never preempts a
+        sequence."""
+        if not seq.spec_token_ids:
+            return n
+        del seq.spec_token_ids[max(n - 1, 0):]
+        if not self.blocks.can_allocate(seq, n, reserve=self._draft_reserve):
+            seq.spec_token_ids = []
+            return 1
+        return n
 
     def _admit(self, seq: Sequence, budget: int | None,
                computed: list[int] | None = None) -> int | None:
@@ -255,12 +298,16 @@ class Scheduler:
         runs (a lone prompt may take the whole cache)."""
         if not self.running:
             return 0
+        return self.watermark_blocks + self._decode_blocks()
+
+    def _decode_blocks(self) -> int:
+        """Blocks the running sequences need for their next token."""
         blocks_for = self.blocks.blocks_for
-        return self.watermark_blocks + sum(
-            max(0, blocks_for(len(s) + 1) - len(s.block_table)) for s in self.running)
+        return sum(max(0, blocks_for(len(s) + 1) - len(s.block_table)) for s in self.running)
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.free_blocks(seq)
+        seq.spec_token_ids = []
         seq.num_computed_tokens = 0
         self.num_preemptions += 1
 

@@ -88,6 +88,10 @@ class Sequence(PromptAndOutput):
         # its tokens' types (a cross-encoder's pair), None for all of type 0
         self.pooling_params: PoolingParams | None = None
         self.token_type_ids: list[int] | None = None
+        # speculative decoding (engine/spec_decode): the drafts of its next tokens
+        # that the step verifies after its last token, and how many it accepted
+        self.spec_token_ids: list[int] = []
+        self.num_accepted_drafts = 0
 
     @property
     def finish_reason(self) -> str | None:
@@ -109,7 +113,8 @@ class Sequence(PromptAndOutput):
     def samples(self) -> bool:
         """Whether the current step reaches the sequence's last token (and so
         samples the next one); a partial prefill chunk does not."""
-        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
+        return (self.num_computed_tokens + self.num_scheduled_tokens
+                == len(self.token_ids) + len(self.spec_token_ids))
 
     @property
     def prompt_logprob_positions(self) -> range:

@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 
 from engine.core.engine_core import EngineCore
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from engine.spec_decode import metrics as spec_metrics
 from engine.distributed.parallel_state import RankDiedError, replica_bindings
 from engine.engine_args import create_engine_config
 from engine.spawn import main_not_rerun
@@ -135,7 +136,8 @@ class DPEngineCore:
                               sum(s.kv_cache_usage for s in self.stats) / max(n, 1),
                               sum(s.prefix_cache_queries for s in self.stats),
                               sum(s.prefix_cache_hits for s in self.stats),
-                              sum(s.num_preemptions for s in self.stats))
+                              sum(s.num_preemptions for s in self.stats),
+                              spec_metrics.summed([s.spec_decoding for s in self.stats]))
 
     def step(self) -> EngineCoreOutputs:
         """The outputs of the replicas' steps since the last call (waits for

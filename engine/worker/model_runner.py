@@ -19,6 +19,7 @@ from engine.forward_context import ForwardContext, set_context
 from engine.model_executor.layers.sampler import sample
 from engine.model_executor.models.llama import LlamaForCausalLM
 from engine.platforms import cpu_hugepages
+from engine.spec_decode.rejection_sampler import verify
 
 logger = logging.getLogger("engine")
 
@@ -146,19 +147,28 @@ class StepInputs:
 def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids) -> list[int]:
     """The tokens of the sequences that sample this step. logits: per
     sequence in order, the rows of its prompt_logprob_positions (scored
-    here), then its sampling row if it samples."""
-    if not any(s.params.prompt_logprobs is not None for s in seqs):
+    here), then its sampling row if it samples (with drafts, one row more
+    per draft: engine/spec_decode/rejection_sampler.py verifies them, sets
+    num_accepted_drafts and gives the token after the accepted ones)."""
+    if not any(s.params.prompt_logprobs is not None or s.spec_token_ids for s in seqs):
         return sample(logits, [s for s in seqs if s.samples], eos_token_ids)
-    row, sampling = 0, []
-    for s in seqs:
+    row, sampling, drafted = 0, [], {}
+    for i, s in enumerate(seqs):
         positions = s.prompt_logprob_positions
         if positions:
             record_prompt_logprobs(logits[row:row + len(positions)], s, positions)
             row += len(positions)
-        if s.samples:
+        if s.samples and s.spec_token_ids:
+            rows = logits[row:row + len(s.spec_token_ids) + 1]
+            s.num_accepted_drafts, drafted[i] = verify(rows, s.spec_token_ids, s.params,
+                                                       s.generator(logits.device))
+            row += len(rows)
+        elif s.samples:
             sampling.append(row)
             row += 1
-    return sample(logits[sampling], [s for s in seqs if s.samples], eos_token_ids)
+    undrafted = [s for i, s in enumerate(seqs) if s.samples and i not in drafted]
+    plain = iter(sample(logits[sampling], undrafted, eos_token_ids) if undrafted else [])
+    return [drafted[i] if i in drafted else next(plain) for i, s in enumerate(seqs) if s.samples]
 
 
 def record_prompt_logprobs(logits: torch.Tensor, seq: Sequence, positions: range) -> None:
@@ -190,14 +200,14 @@ def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequen
         cu = [0]
         for s in seqs:  # a preempted sequence is recomputed from its first uncached token
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-            ids += s.token_ids[start:end]
+            ids += s.token_ids[start:end] + s.spec_token_ids  # drafts follow its last token
             positions += range(start, end)
             slots += [blocks.slot(s, p) for p in range(start, end)]
             cu.append(cu[-1] + end - start)
             # prompt logprobs: the logits of those positions too, before the sampling one
             last += [cu[-2] + p - start for p in s.prompt_logprob_positions]
-            if s.samples:
-                last.append(cu[-1] - 1)
+            if s.samples:  # with drafts: the last token's and each draft's logits
+                last += range(cu[-1] - 1 - len(s.spec_token_ids), cu[-1])
         query_start_loc = _tensor(device, cu, torch.int32)
         seq_lens = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
     else:

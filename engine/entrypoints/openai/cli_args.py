@@ -28,7 +28,6 @@ ONLY: dict[str, tuple[tuple, str]] = {
 REFUSED: dict[str, str] = {
     "--lora-modules": "LoRA adapters are not implemented",
     "--enable-lora": "LoRA adapters are not implemented",
-    "--speculative-config": "speculative decoding is not implemented",
     "--limit-mm-per-prompt": "this engine serves text models only",
     "--quantization": "the quantization is read from the checkpoint's config.json; leave it "
                       "unset",

@@ -24,6 +24,8 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from engine.spec_decode.metrics import SpecDecodingStats
+
 # upstream's buckets (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -110,6 +112,7 @@ class Metrics:
         self.preemptions = counter("vllm:num_preemptions",
                                    "Cumulative number of preemption from the engine.")
         self._seen = (0, 0, 0)  # the core's totals at the last step: queries, hits, preemptions
+        self._spec: SpecDecodingProm | None = None  # once a step reports speculation
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.by_source = counter("vllm:prompt_tokens_by_source",
                                  "Number of prompt tokens by source.", ["source"])
@@ -206,6 +209,10 @@ class Metrics:
                       stats.num_preemptions)
         if stats.num_scheduled_tokens:
             self.iteration.observe(stats.num_scheduled_tokens)
+        if stats.spec_decoding is not None:
+            if self._spec is None:
+                self._spec = SpecDecodingProm(self.registry, self.model_name)
+            self._spec.observe(stats.spec_decoding)
 
     def on_output(self, state, num_tokens: int, now: float) -> None:
         """A request gained num_tokens (state: its times before them)."""
@@ -254,3 +261,37 @@ class Metrics:
             MultiProcessCollector(registry)
             return generate_latest(registry)
         return generate_latest(self.registry)
+
+
+class SpecDecodingProm:
+    """Speculative decoding's acceptance counters, as upstream's: drafts
+    (verifications), draft tokens, accepted tokens in all and by position;
+    fed with the core's totals since start."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        labels, r = ["model_name", "engine"], registry
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Speculative verifications (a "
+                              "request's step with drafts).", labels, registry=r
+                              ).labels(model_name, ENGINE)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens "
+                                    "verified.", labels, registry=r).labels(model_name, ENGINE)
+        self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens "
+                                "accepted.", labels, registry=r).labels(model_name, ENGINE)
+        self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens "
+                               "accepted, by position in their step's drafts.",
+                               labels + ["position"], registry=r)
+        self.model_name = model_name
+        self._seen = SpecDecodingStats()
+
+    def observe(self, totals: SpecDecodingStats) -> None:
+        seen = self._seen
+        self.drafts.inc(max(totals.num_drafts - seen.num_drafts, 0))
+        self.draft_tokens.inc(max(totals.num_draft_tokens - seen.num_draft_tokens, 0))
+        self.accepted.inc(max(totals.num_accepted_tokens - seen.num_accepted_tokens, 0))
+        before = seen.num_accepted_tokens_per_pos
+        for pos, n in enumerate(totals.num_accepted_tokens_per_pos):
+            old = before[pos] if pos < len(before) else 0
+            self.per_pos.labels(self.model_name, ENGINE, str(pos)).inc(max(n - old, 0))
+        self._seen = SpecDecodingStats(totals.num_drafts, totals.num_draft_tokens,
+                                       totals.num_accepted_tokens,
+                                       list(totals.num_accepted_tokens_per_pos))

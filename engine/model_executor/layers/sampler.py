@@ -39,6 +39,17 @@ def sample(logits: torch.Tensor, seqs: list, eos_token_ids=()) -> list[int]:
 
 
 def _draw(row: torch.Tensor, p: SamplingParams, g: torch.Generator | None, best: int) -> int:
+    probs = probabilities(row, p)
+    try:
+        return int(torch.multinomial(probs, 1, generator=g))
+    except RuntimeError:  # nan/inf logits (a model fault): the request goes on, greedily
+        logger.warning("non-finite probabilities while sampling; took the argmax instead")
+        return best
+
+
+def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a (non-greedy) request samples from: the row's
+    softmax after temperature, min_p, top-k and top-p."""
     row = row / p.temperature
     if p.min_p > 0:
         probs = torch.softmax(row, -1)
@@ -52,12 +63,7 @@ def _draw(row: torch.Tensor, p: SamplingParams, g: torch.Generator | None, best:
         # drop tokens once the ones before them already reach top_p
         drop = probs.cumsum(-1) - probs >= p.top_p
         row = row.scatter(0, idx[drop], float("-inf"))
-    probs = torch.softmax(row, -1)
-    try:
-        return int(torch.multinomial(probs, 1, generator=g))
-    except RuntimeError:  # nan/inf logits (a model fault): the request goes on, greedily
-        logger.warning("non-finite probabilities while sampling; took the argmax instead")
-        return best
+    return torch.softmax(row, -1)
 
 
 def process_logits(logits: torch.Tensor, seqs: list, eos_token_ids=()) -> torch.Tensor:

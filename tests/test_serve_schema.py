@@ -7,6 +7,7 @@ without add_generation_prompt), so a schema-valid body may get its documented
 400. Bounded: a fixed seed and a few examples per operation (about a minute)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -31,8 +32,23 @@ def test_schemathesis_finds_nothing(server, tmp_path):
          "--exclude-checks", "positive_data_acceptance", "--max-examples", "10",
          "--seed", "38", "--request-timeout", "30", "--workers", "2", "--no-color"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[r.stdout.find("FAILURES"):][:8000] + r.stderr[-2000:]
+    out = r.stdout
+    # schemathesis 4.32 sometimes crashes generating a pooling route's recursive input
+    # schema ("Runtime Error ... Inconsistent results": the tool's, not a response's);
+    # any failure of a check, or any other error (a timeout, a dropped connection), fails
+    errors = re.findall(r"^  \S+ (.+): \d+$", out.split("Errors:")[1].split("\n\n")[0],
+                        re.M) if "Errors:" in out else []
+    assert "Failures:" not in out and set(errors) <= {"Runtime Error"}, out[-8000:]
+    assert re.search(r"(\d+) generated, \1 passed", out), out[-3000:]
     assert "Traceback" not in server.output()
+
+
+def test_classify_refuses_bad_bodies_in_one_line(server):
+    """/classify, left out of schemathesis above: wrong bodies are 400s on a
+    generative server, never a 5xx."""
+    for body in ({"input": "x"}, {"input": [None]}, {}, {"input": {"a": [1, [2]]}}, []):
+        r = httpx.post(server.url + "/classify", json=body)
+        assert r.status_code in (400, 404) and "\n" not in r.json()["error"]["message"], r.text
 
 
 def test_probes_and_methods_as_upstream(server):

@@ -38,8 +38,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def gguf_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
-                   help="a GGUF model's tokenizer: a folder with tokenizer.json (default: the "
-                   "one in the file)")
+                   help="a folder with the tokenizer.json (and chat template) to use instead "
+                   "of the model's (a GGUF file's: instead of the one in the file)")
     p.add_argument("--hf-config-path", default=None, metavar="DIR",
                    help="a GGUF model's config: a folder with config.json (default: the "
                    "file's metadata)")
@@ -144,7 +144,8 @@ def _serve_parser(sub) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16",
+                                                       "half", "float"])  # vLLM's aliases
     s.add_argument("--max-model-len", type=int, default=None,
                    help="context length (default: the model's)")
     s.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch")
@@ -193,6 +194,9 @@ def _serve_parser(sub) -> None:
                    "deepseek_r1, qwen3")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    from engine.entrypoints.openai.cli_args import add_vllm_args
+
+    add_vllm_args(s)  # upstream's other flags: honoured, or refused by name
 
 
 def _positive(text: str) -> int:
@@ -299,6 +303,13 @@ def _parse(p: argparse.ArgumentParser, sub, argv: list[str] | None) -> argparse.
                 + (f"; did you mean {near[0]!r}?" if near else
                    f"; choose from {', '.join(sub.choices)}"))
     args, extra = p.parse_known_args(argv)
+    if extra and args.command == "serve":
+        from engine.entrypoints.openai.cli_args import not_taken
+
+        line = not_taken(extra)
+        if line:
+            print(f"error: {line}", file=sys.stderr)
+            raise SystemExit(2)
     if extra:
         cmd = sub.choices[args.command]
         known = [o for a in cmd._actions for o in a.option_strings]
@@ -336,7 +347,10 @@ def serve(args) -> int:
     import logging
 
     from engine import envs
+    from engine.entrypoints.openai.cli_args import check_args
     from engine.entrypoints.openai.serve import serve as run
+
+    check_args(args)
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
     args.api_key = args.api_key or envs.api_key()

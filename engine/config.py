@@ -16,7 +16,8 @@ from engine.model_executor.models.registry import resolve_architecture
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 _NEEDS_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
 # generation_config.json fields a request that leaves them unset takes, as upstream
-GENERATION_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
+GENERATION_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,26 @@ class ModelConfig:
 
 # transformers' own defaults of tie_word_embeddings where config.json may omit it
 _TIED_BY_DEFAULT = ("opt", "gemma", "gemma2", "gemma3_text")
+
+
+def generation_defaults(path: Path, source: str = "auto", override: dict | None = None) -> dict:
+    """The sampling defaults of --generation-config (auto: the checkpoint's
+    generation_config.json; vllm: none; a folder: its generation_config.json)
+    with --override-generation-config over them, as upstream's
+    get_diff_sampling_param; max_new_tokens is the default max_tokens."""
+    if source == "vllm":
+        gen: dict = {}
+    else:
+        folder = Path(path if source == "auto" else source)
+        if not folder.is_dir():
+            raise ValueError(f"--generation-config {source}: not a folder; give auto, vllm or "
+                             "a folder holding generation_config.json")
+        gen = _generation_config(folder)
+    gen = {**gen, **(override or {})}
+    out = {k: gen[k] for k in GENERATION_FIELDS if gen.get(k) is not None}
+    if gen.get("max_new_tokens") is not None:
+        out["max_tokens"] = gen["max_new_tokens"]
+    return out
 
 
 def _generation_config(path: Path) -> dict:

@@ -48,6 +48,7 @@ class EngineConfig:
     data_parallel_rank: int = 0  # this replica's (its ranks' CPUs come after the ones before)
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
+    seed: int | None = None  # the global sampler seed of requests without their own
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     # --runner pooling (engine.pooler_config): how it pools; None: it generates
     pooler: PoolerConfig | None = None
@@ -189,6 +190,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          speculative_config: str | dict | SpeculativeConfig | None = None,
                          structured_outputs_config: str | None = None,
                          tokenizer: str | None = None, hf_config_path: str | None = None,
+                         seed: int | None = None,
                          ) -> EngineConfig:
     spec = SpeculativeConfig.parse(speculative_config)  # before the model: fails fast
     path = resolve_model(model, tokenizer, hf_config_path)
@@ -236,7 +238,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix, spec, structured_outputs_config=structured_outputs_config)
+                        prefix, seed, spec, structured_outputs_config=structured_outputs_config)
 
 
 def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,
@@ -309,13 +311,15 @@ _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
                     "enable_prefix_caching", "runner", "convert", "speculative_config",
-                    "structured_outputs_config", "tokenizer", "hf_config_path")
+                    "structured_outputs_config", "tokenizer", "hf_config_path", "seed")
 
 
 def cli_engine_args(args) -> dict:
     """The engine arguments of a command line's flags (those the command has)."""
-    return {name: getattr(args, name) for name in _CLI_ENGINE_ARGS
-            if hasattr(args, name)} | gpu_memory(args)
+    out = {name: getattr(args, name) for name in _CLI_ENGINE_ARGS if hasattr(args, name)}
+    if getattr(args, "num_gpu_blocks_override", None):  # vLLM's name for num_kv_blocks
+        out["num_kv_blocks"] = args.num_gpu_blocks_override
+    return out | gpu_memory(args)
 
 
 def gpu_memory(args) -> dict:

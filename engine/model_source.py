@@ -18,17 +18,17 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 def resolve_model(model: str | os.PathLike, tokenizer: str | None = None,
                   hf_config_path: str | None = None) -> Path:
     """The checkpoint folder of MODEL; tokenizer / hf_config_path (folders, as
-    upstream's --tokenizer and --hf-config-path) stand in for a GGUF file's own."""
+    upstream's --tokenizer and --hf-config-path) stand in for a GGUF file's own
+    (a checkpoint's own tokenizer is replaced by the front end, not here)."""
     from engine.transformers_utils.gguf_folder import gguf_file, gguf_folder, is_gguf
 
     if is_gguf(model):
         return check_readable(gguf_folder(Path(model), tokenizer, hf_config_path))
     if Path(model).is_dir() and gguf_file(Path(model)) is not None:
         return check_readable(Path(model))  # a GGUF file's folder, the flags already in it
-    for flag, value in (("--tokenizer", tokenizer), ("--hf-config-path", hf_config_path)):
-        if value:
-            raise ValueError(f"{flag} is read for GGUF files only; a checkpoint folder or Hub "
-                             "id brings its own: drop the flag")
+    if hf_config_path:  # --tokenizer is the front end's to read (its tokenizer and template)
+        raise ValueError("--hf-config-path is read for GGUF files only; a checkpoint folder or "
+                         "Hub id brings its own config.json: drop the flag")
     path = Path(model).expanduser()
     if path.is_dir():
         return check_readable(path)

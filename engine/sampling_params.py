@@ -75,6 +75,10 @@ class SamplingParams:
     logprobs: int | None = None  # top alternatives per token besides the sampled one
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's: only these tokens may be sampled; token sequences never to complete
+    allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    skip_special_tokens: bool = True  # in the output's text
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -123,10 +127,13 @@ class SamplingParams:
         assert isinstance(self.stop, list), "__post_init__ made stop a list"
         check(all(isinstance(s, str) and s for s in self.stop),
               "stop must be non-empty strings")
-        check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-              f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
-              f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        # their upper bound is the engine's max_logprobs (InputProcessor.check_logprobs)
+        check(self.logprobs is None or 0 <= self.logprobs,
+              f"logprobs must be >= 0, got {self.logprobs}")
+        check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs,
+              f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+        check(self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+              "allowed_token_ids must hold at least one token id")
         for t, b in (self.logit_bias or {}).items():
             check(isinstance(t, int) and t >= 0 and math.isfinite(b),
                   f"logit_bias maps token ids to finite numbers, got {t!r}: {b!r}")
@@ -134,7 +141,8 @@ class SamplingParams:
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the model cannot emit (ValueError)."""
         for name, ids in (("stop_token_ids", self.stop_token_ids),
-                          ("logit_bias", list(self.logit_bias or {}))):
+                          ("logit_bias", list(self.logit_bias or {})),
+                          ("allowed_token_ids", self.allowed_token_ids or [])):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:
                 raise ValueError(f"{name}: token ids must be in [0, {vocab_size}), got {bad[:5]}")
@@ -148,7 +156,7 @@ class SamplingParams:
         """Anything besides temperature/top-k/top-p: the sampler's slow path."""
         return bool(self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0 or self.logit_bias or self.min_tokens
-                    or self.min_p)
+                    or self.min_p or self.allowed_token_ids or self.bad_words_token_ids)
 
 
 def with_model_defaults(requested: dict, model_defaults: dict) -> dict:

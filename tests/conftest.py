@@ -111,3 +111,19 @@ def agent_server(tmp_path_factory):
                       "--structured-outputs-config", '{"backend": "xgrammar"}')
     yield s
     s.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_compat_server(tmp_path_factory):
+    """One `engine serve` of the tiny model (context 128, served as "tiny")
+    shared by the vLLM-compatibility tests (issue 38: request fields,
+    /metrics, the OpenAPI schema): one start-up instead of one per file."""
+    from engine.cli import main
+    from test_serve import ServerProcess
+
+    model = tmp_path_factory.mktemp("models") / "tiny"
+    assert main(["make-tiny-model", str(model)]) == 0
+    server = ServerProcess(model, "--served-model-name", "tiny", "--max-model-len", "128")
+    server.model = model
+    yield server
+    server.close()

@@ -281,9 +281,10 @@ def test_prefix_cache_counters_reach_the_metrics():
         stats = EngineCore.make_stats(core)  # as the core sends it, step by step
         m.on_stats(msgspec.msgpack.decode(msgspec.msgpack.encode(stats), type=SchedulerStats))
     text = m.render().decode()
-    assert f'vllm:prefix_cache_queries_total{{model_name="tiny"}} {2.0 * len(tokens)}' in text
-    assert f'vllm:prefix_cache_hits_total{{model_name="tiny"}} {2.0 * BS}' in text
-    assert 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.5' in text  # 2 x 3 blocks, 2 shared
+    labels = '{engine="0",model_name="tiny"}'
+    assert f'vllm:prefix_cache_queries_total{labels} {2.0 * len(tokens)}' in text
+    assert f'vllm:prefix_cache_hits_total{labels} {2.0 * BS}' in text
+    assert f'vllm:kv_cache_usage_perc{labels} 0.5' in text  # 2 x 3 blocks, 2 shared
 
 
 def test_the_kv_cache_is_committed_without_changing_what_was_written():

@@ -39,11 +39,14 @@ def _app(api_key=None):
     from fastapi.testclient import TestClient
 
     from engine.entrypoints.openai.api_server import build_app
+    from engine.entrypoints.openai.metrics import Metrics
+    from engine.entrypoints.openai.serving_engine import ServeOptions
 
     llm = types.SimpleNamespace(tokenizer=None, model_config=types.SimpleNamespace(vocab_size=8),
                                 dead=None, pooling_tasks=())
-    state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=None, model_names=["m"],
-                                  max_body_bytes=None)
+    state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=Metrics("m"),
+                                  model_names=["m"], max_body_bytes=None,
+                                  options=ServeOptions())
     return TestClient(build_app(state))
 
 

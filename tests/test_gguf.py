@@ -224,8 +224,9 @@ def test_tokenizer_and_config_flags(tiny, work):
     assert json.loads((folder / "config.json").read_text()) == json.loads(
         (tiny / "config.json").read_text())
     assert greedy(file, tokenizer=str(tiny), hf_config_path=str(tiny)) == greedy(tiny)
-    with pytest.raises(ValueError, match=r"^--tokenizer is read for GGUF files only"):
-        resolve_model(tiny, tokenizer=str(tiny))
+    assert resolve_model(tiny, tokenizer=str(tiny)) == tiny  # the front end reads it
+    with pytest.raises(ValueError, match=r"^--hf-config-path is read for GGUF files only"):
+        resolve_model(tiny, hf_config_path=str(tiny))
     with pytest.raises(ValueError, match=r"^--hf-config-path nowhere: not a folder with a "):
         resolve_model(file, hf_config_path="nowhere")
 

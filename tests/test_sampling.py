@@ -139,7 +139,8 @@ def test_nan_logits_do_not_raise():
     (dict(min_tokens=20, max_tokens=10), "min_tokens"),
     (dict(stop_token_ids=[-3]), "stop_token_ids"),
     (dict(stop=[""]), "stop must be non-empty"),
-    (dict(logprobs=21), "logprobs must be in [0, 20]"),
+    (dict(logprobs=-1), "logprobs must be >= 0"),  # the bound: --max-logprobs
+    (dict(allowed_token_ids=[]), "allowed_token_ids"),
 ])
 def test_bad_params_are_one_clear_error(kw, needle):
     with pytest.raises(ValueError) as info:

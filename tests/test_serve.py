@@ -68,7 +68,7 @@ class ServerProcess:
         for line in text.splitlines():
             m = re.match(r'^(vllm:[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$', line)
             if m:
-                labels = re.sub(r'model_name="[^"]*",?', "", m.group(2) or "")
+                labels = re.sub(r'(model_name|engine)="[^"]*",?', "", m.group(2) or "")
                 out[m.group(1) + ("" if labels == "{}" else labels)] = float(m.group(3))
         return out
 
@@ -304,8 +304,8 @@ def test_metrics_count_tokens_and_latencies(server):
     assert after["vllm:prompt_tokens_total"] > before["vllm:prompt_tokens_total"]
     assert after["vllm:time_to_first_token_seconds_count"] == \
         before["vllm:time_to_first_token_seconds_count"] + 1
-    assert after["vllm:time_per_output_token_seconds_count"] == \
-        before["vllm:time_per_output_token_seconds_count"] + 6
+    assert after["vllm:inter_token_latency_seconds_count"] == \
+        before["vllm:inter_token_latency_seconds_count"] + 6
 
 
 # ---- bad requests ----------------------------------------------------------------
@@ -328,8 +328,8 @@ def test_bad_requests_get_openai_errors(server):
            "`nope` does not exist")
     _error(lambda: c.completions.create(model="tiny", prompt="x", temperature=-1),
            openai.BadRequestError, 400, "temperature")
-    _error(lambda: c.completions.create(model="tiny", prompt="x", max_tokens=MAX_MODEL_LEN),
-           openai.BadRequestError, 400, "exceeds the model's context")
+    _error(lambda: c.completions.create(model="tiny", prompt="x", max_tokens=MAX_MODEL_LEN + 1),
+           openai.BadRequestError, 400, "cannot be greater than max_model_len")
     _error(lambda: c.completions.create(model="tiny", prompt="one " * MAX_MODEL_LEN),
            openai.BadRequestError, 400, "the model's context is")
     _error(lambda: c.completions.create(model="tiny", prompt=[10**9]),

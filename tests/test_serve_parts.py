@@ -358,9 +358,12 @@ def test_streamed_text_adds_up_to_the_full_decode(tiny, tokenizer, stop):
         assert len(updates) == len(ids) and [u.new_token_ids for u in updates] == \
             [[i] for i in ids]
         whole = output_text(tok, prompt, ids)
-        assert state.text == whole and state.finish_reason == "length"
+        # bytes at the end that make no character yet are held back, as upstream's
+        # detokenizer holds them, not written as U+FFFD each
+        assert whole.startswith(state.text) and set(whole[len(state.text):]) <= {"\ufffd"}
+        assert state.finish_reason == "length"
         assert updates[-1].finish_reason == "length" and not out.has_unfinished()
-        assert "".join(pieces) == whole  # nothing streamed is ever taken back
+        assert "".join(pieces) == state.text  # nothing streamed is ever taken back
         if not stop:  # each piece is what the decode stream gave: never half a character
             assert not any(p.endswith("\ufffd") for p in pieces[:-1])
         # (held back for a stop string, a cut may fall after a replacement

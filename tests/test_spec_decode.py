@@ -341,12 +341,13 @@ def test_acceptance_totals_reach_the_metrics_once():
     a.observe(3, 3)
     m.on_stats(SchedulerStats(spec_decoding=summed([a, b])))
     text = m.render().decode()
-    for line in ('vllm:spec_decode_num_drafts_total{model_name="tiny"} 3.0',
-                 'vllm:spec_decode_num_draft_tokens_total{model_name="tiny"} 8.0',
-                 'vllm:spec_decode_num_accepted_tokens_total{model_name="tiny"} 5.0',
-                 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",'
+    tiny = 'engine="0",model_name="tiny"'  # upstream's labels (docs/metrics.md)
+    for line in (f'vllm:spec_decode_num_drafts_total{{{tiny}}} 3.0',
+                 f'vllm:spec_decode_num_draft_tokens_total{{{tiny}}} 8.0',
+                 f'vllm:spec_decode_num_accepted_tokens_total{{{tiny}}} 5.0',
+                 f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{tiny},'
                  'position="1"} 2.0',
-                 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",'
+                 f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{tiny},'
                  'position="2"} 1.0'):
         assert line in text, line
     assert summed([None, None]) is None

@@ -152,6 +152,48 @@ def test_bad_tool_requests_are_400s(server, kw, field, needle):
     assert e.value.body["param"] == field and needle in e.value.body["message"], e.value.body
 
 
+def test_vllm_fields_with_tools_and_structured_outputs(server):
+    """issue 38's two halves together: a named call with the request's id,
+    token ids and echo-free role; streamed, every token's id comes back even
+    while the tool parser holds its text; beam search refuses what it cannot
+    keep, by name, in one line."""
+    c = client(server)
+    named = {"type": "function", "function": {"name": "add"}}
+    r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice=named,
+                                  max_tokens=60, extra_body={"return_token_ids": True,
+                                                             "request_id": "merged-1"},
+                                  **SAMPLED)
+    ch = r.choices[0]
+    assert r.id == "chatcmpl-merged-1" and ch.message.role == "assistant"
+    _valid(ch.message.tool_calls[0])
+    assert len(ch.token_ids) == r.usage.completion_tokens and r.prompt_token_ids
+    ids, calls = [], []
+    for chunk in c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                           tool_choice="auto", max_tokens=30, stream=True,
+                                           stream_options={"include_usage": True},
+                                           extra_body={"return_token_ids": True}, **SAMPLED):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            ids += getattr(choice, "token_ids", None) or []
+            calls += choice.delta.tool_calls or []
+    assert len(ids) == usage.completion_tokens
+    for kw, needle in (({"response_format": {"type": "json_object"}}, "structured output"),
+                       ({"tools": TOOLS, "tool_choice": "required"}, "structured output"),
+                       ({"tools": TOOLS}, "tool calling")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, n=2,
+                                      extra_body={"use_beam_search": True}, **kw)
+        body = e.value.body
+        assert body["param"] == "use_beam_search" and needle in body["message"], body
+        assert "\n" not in body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="tiny", prompt="hi", max_tokens=4,
+                             extra_body={"use_beam_search": True,
+                                         "structured_outputs": {"regex": "[a-z]+"}})
+    assert e.value.body["param"] == "use_beam_search", e.value.body
+
+
 def test_langchain_two_tool_rounds_and_structured_output(server):
     lc = pytest.importorskip("langchain_openai", reason="a dev requirement")
     from langchain_core.messages import HumanMessage, ToolMessage

@@ -19,7 +19,7 @@ from engine.core.messages import EngineCoreOutputs, EngineCoreReady, SchedulerSt
 from engine.core.output_processor import (EngineDeadError, OutputProcessor, RequestFailedError,
                                           RequestState, RequestUpdate, merged)
 from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 logger = logging.getLogger("engine")
 
@@ -35,7 +35,8 @@ class AsyncLLM:
     """An EngineClient (engine/core/engine_client.py) over one engine core."""
 
     def __init__(self, client: AsyncMPClient, ready: EngineCoreReady, model_config, tokenizer,
-                 stats=None, max_waiting: int | None = None, stream_interval: int | None = 1):
+                 stats=None, max_waiting: int | None = None, stream_interval: int | None = 1,
+                 max_logprobs: int = MAX_LOGPROBS):
         """stats: the server's metrics (on_output per request output,
         on_stats per step); max_waiting: the most requests that may wait
         for their first step (None: no bound)."""
@@ -47,7 +48,8 @@ class AsyncLLM:
         self.token_types = model_config.hf.get("type_vocab_size", 0) > 1
         self.max_waiting = max_waiting
         self.stats = stats
-        self.processor = InputProcessor(tokenizer, model_config.vocab_size, ready.max_model_len)
+        self.processor = InputProcessor(tokenizer, model_config.vocab_size, ready.max_model_len,
+                                        max_logprobs)
         self.output = OutputProcessor(stats.on_output if stats is not None else None,
                                       stream_interval or 1)
         self.scheduler_stats = SchedulerStats()
@@ -139,10 +141,12 @@ class AsyncLLM:
     # ---- callers ---------------------------------------------------------------
 
     async def make_request(self, prompt, params: SamplingParams, index: int = 0,
-                           add_special_tokens: bool = True) -> RequestState:
+                           add_special_tokens: bool = True,
+                           request_id: str | None = None) -> RequestState:
         """Tokenize (off the event loop when long) and check a prompt: a
-        string or token ids (ValueError when it cannot run)."""
-        request_id = f"{self._prefix}{next(self._ids)}"
+        string or token ids (ValueError when it cannot run). request_id: the
+        caller's (X-Request-Id), made unique here (clients may repeat one)."""
+        request_id = f"{request_id or self._prefix}{next(self._ids)}"
         if isinstance(prompt, str):
             ids = await self.processor.tokenize_async(prompt, add_special_tokens)
             return self.processor.from_token_ids(request_id, ids, params, index, prompt)

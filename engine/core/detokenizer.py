@@ -24,9 +24,10 @@ def output_text(tokenizer, prompt_ids: list[int], output_ids: list[int]) -> str:
     return _decode_after(tokenizer, prompt_context(tokenizer, prompt_ids), output_ids)
 
 
-def _decode_after(tokenizer, context: list[int], output_ids: list[int]) -> str:
-    before = tokenizer.decode(context)
-    full = tokenizer.decode(context + list(output_ids))
+def _decode_after(tokenizer, context: list[int], output_ids: list[int],
+                  skip_special_tokens: bool = True) -> str:
+    before = tokenizer.decode(context, skip_special_tokens=skip_special_tokens)
+    full = tokenizer.decode(context + list(output_ids), skip_special_tokens=skip_special_tokens)
     if full.startswith(before):
         return full[len(before):]
     same = 0  # the output changed the context's last character (a merged byte sequence)
@@ -44,11 +45,13 @@ class IncrementalDetokenizer:
     and says the final text."""
 
     def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str] | tuple[str, ...] = (),
-                 include_stop_str_in_output: bool = False, min_tokens: int = 0):
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0,
+                 skip_special_tokens: bool = True):
         from tokenizers.decoders import DecodeStream
 
         self.tokenizer = tokenizer
-        self.stream = DecodeStream(skip_special_tokens=True)  # as Tokenizer.decode
+        self.skip_special = skip_special_tokens
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.context = prompt_context(tokenizer, prompt_ids)
         for t in self.context:
             self.stream.step(tokenizer, t)
@@ -98,7 +101,11 @@ class IncrementalDetokenizer:
 
     def final_text(self, output_ids: list[int]) -> str:
         """As transformers decodes the whole output (joined to the prompt);
-        cut at the stop string when one matched."""
+        cut at the stop string when one matched. Bytes at the end that make
+        no whole character yet are left out, as upstream's stream holds them
+        back, rather than each written as U+FFFD."""
         if self.stop_string is not None:
             return self.text
-        return _decode_after(self.tokenizer, self.context, output_ids)
+        text = _decode_after(self.tokenizer, self.context, output_ids, self.skip_special)
+        # the decode stream never hands out a trailing U+FFFD (it waits for more bytes)
+        return text.rstrip("\ufffd")

@@ -26,7 +26,8 @@ class EngineClient(Protocol):
     pooling_tasks: tuple[str, ...]  # a pooling engine's tasks; () : it generates
 
     async def make_request(self, prompt, params: SamplingParams, index: int = 0,
-                           add_special_tokens: bool = True) -> RequestState: ...
+                           add_special_tokens: bool = True,
+                           request_id: str | None = None) -> RequestState: ...
 
     async def make_pooling_request(self, prompt, params: PoolingParams, index: int = 0,
                                    pair: str | None = None, add_special_tokens: bool = True

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine.core.pooling_scheduler import PoolingScheduler
@@ -55,6 +57,8 @@ class EngineCore:
             StructuredOutputsConfig.parse(c.structured_outputs_config))
         self.scheduler.structured_output = self.structured_output
         self.compiling: list[Sequence] = []  # their grammar compiles; scheduled once it has
+        if c.seed is not None:  # unseeded requests draw from the global generator
+            torch.manual_seed(c.seed)
         self.requests: dict[str, Sequence] = {}
         self.last_scheduled: list[str] = []  # request ids of the step under way
         self.last_output: SchedulerOutput | None = None
@@ -150,6 +154,11 @@ class EngineCore:
         if not out.scheduled:
             raise RuntimeError("no sequence could be scheduled: the KV cache is too small")
         grammar = self._grammar([s for s in out.sampled if not s.spec_token_ids])
+        started = time.monotonic()
+        step_tokens = sum(s.num_scheduled_tokens for s in out.scheduled)
+        for s in out.scheduled:
+            if s.first_scheduled is None:
+                s.first_scheduled = started
         try:
             tokens = self.executor.execute_model(out.scheduled, out.is_prefill, **grammar)
         except Exception as exc:
@@ -160,9 +169,15 @@ class EngineCore:
             self.scheduler.copies_done()
         outputs = self.scheduler.update_from_output(out, tokens)
         for o in outputs:
+            seq = self.requests.get(o.request_id)
+            if seq is not None and not seq.scheduled_sent:
+                o.scheduled_time, seq.scheduled_sent = seq.first_scheduled or started, True
             if o.finish_reason is not None:
                 self.requests.pop(o.request_id, None)
-        return EngineCoreOutputs(outputs, self.make_stats(), time.monotonic(),
+                o.num_preemptions = seq.num_preemptions if seq is not None else 0
+        stats = self.make_stats()
+        stats.num_scheduled_tokens = step_tokens
+        return EngineCoreOutputs(outputs, stats, time.monotonic(),
                                  failed_request_ids=failed, failure=failure)
 
     def _grammar(self, sampled: list[Sequence]) -> dict:

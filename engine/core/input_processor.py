@@ -9,7 +9,7 @@ from engine.core import cpu_share
 from engine.core.long_text import encode_long
 from engine.core.output_processor import RequestState
 from engine.pooling_params import NO_SAMPLING, PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 # Texts longer than this are tokenized in a worker thread by encode_batch
 # (long_text.encode_long), which releases the GIL (encode holds it: a 6 MB
@@ -40,8 +40,11 @@ def load_tokenizer(path):
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int):
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int,
+                 max_logprobs: int = MAX_LOGPROBS):
+        """max_logprobs: the most alternatives a request may ask for (-1: the vocabulary)."""
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
+        self.max_logprobs = vocab_size if max_logprobs == -1 else max_logprobs
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         check_unicode(text, "the text")
@@ -112,6 +115,11 @@ class InputProcessor:
         if not ids:
             raise ValueError(f"prompt {index} is empty")
         params.check_vocab(vocab)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise ValueError(f"{name}: at most {self.max_logprobs} (the server's "
+                                 f"--max-logprobs), got {asked}")
         if len(ids) + 1 > self.max_model_len:
             raise ValueError(f"prompt {index} has {len(ids)} tokens; the model's context is "
                              f"{self.max_model_len}")

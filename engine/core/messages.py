@@ -43,6 +43,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     finish_reason: str | None = None  # "stop" | "length"; set on its last output
     stop_reason: int | None = None  # the stop token id that ended it
     num_cached_tokens: int = 0  # prompt tokens the prefix cache had (first output only)
+    # /metrics: when the request first ran (time.monotonic, machine-wide; first output
+    # only) and how often it was preempted (last output only)
+    scheduled_time: float = 0.0
+    num_preemptions: int = 0
     # a pooling request's vector: float32 little-endian bytes (what base64 sends as is)
     pooled: bytes | None = None
 
@@ -57,6 +61,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     spec_decoding: SpecDecodingStats | None = None  # with --speculative-config: totals
+    num_scheduled_tokens: int = 0  # the step's tokens (vllm:iteration_tokens_total)
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -57,7 +57,8 @@ class RequestState(PromptAndOutput):
         self.queue: asyncio.Queue | None = None  # the server's reader, when one reads
         self.pending: RequestUpdate | None = None  # held back by the stream interval
         self.arrival_time = time.monotonic()
-        self.scheduled_time: float | None = None
+        self.scheduled_time: float | None = None  # first run in the core (monotonic)
+        self.num_preemptions = 0
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         # a pooling request's (params is then NO_SAMPLING): what it asks, its token
@@ -81,7 +82,7 @@ class RequestState(PromptAndOutput):
             p = self.params
             self._detokenizer = IncrementalDetokenizer(
                 self.tokenizer, self.token_ids[:self.num_prompt_tokens], list(p.stop or ()),
-                p.include_stop_str_in_output, p.min_tokens)
+                p.include_stop_str_in_output, p.min_tokens, p.skip_special_tokens)
         return self._detokenizer
 
     @property
@@ -162,6 +163,9 @@ class OutputProcessor:
             state.prompt_logprobs = o.prompt_logprobs
         if state.first_token_time is None:
             state.num_cached_tokens = o.num_cached_tokens
+        if o.scheduled_time:
+            state.scheduled_time = o.scheduled_time
+        state.num_preemptions = max(state.num_preemptions, o.num_preemptions)
         state.finish_reason, state.stop_reason = reason, stop_reason
         if self.on_output is not None:
             self.on_output(state, len(ids), now)
@@ -169,7 +173,12 @@ class OutputProcessor:
         state.last_token_time = now
         if reason is None:
             return RequestUpdate(ids, None, detok.delta(), logprobs)
-        state.text = detok.final_text(state.output_token_ids)
+        shown = state.output_token_ids
+        if reason == "stop" and kept is None and not state.params.include_stop_str_in_output:
+            shown = shown[:-1]  # the stop token (eos, stop_token_ids): its text left out
+        elif reason == "stop" and kept is None and stop_reason is None:
+            shown = shown[:-1]  # eos is never shown, as upstream
+        state.text = detok.final_text(shown)
         return RequestUpdate(ids, reason, detok.delta(state.text), logprobs, stop_reason)
 
     def fail(self, request_ids, error: BaseException) -> None:

@@ -320,6 +320,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.num_preemptions += 1
         self.running.remove(seq)
         self._release(seq)
         seq.status = RequestStatus.PREEMPTED

@@ -75,6 +75,10 @@ class Sequence(PromptAndOutput):
         self.stop_reason: int | None = None  # the stop token that ended it
         self.num_cached_tokens = -1  # prompt tokens found cached when first admitted
         self.prompt_logprobs_sent = False
+        # /metrics: when it first ran (monotonic; sent once), how often it was preempted
+        self.first_scheduled: float | None = None
+        self.scheduled_sent = False
+        self.num_preemptions = 0
         self.logprobs: list = []  # per output token, when params.logprobs is set (sampler)
         # per prompt token after the first, when params.prompt_logprobs is set (model runner):
         # (logprob, rank, [(id, logprob) of the top k])

@@ -31,6 +31,8 @@ def load_template(model_dir: Path, override: str | None = None) -> str | None:
     if override:
         path = Path(override)
         if not path.is_file():
+            if "{" in override:  # the template itself, in one line (as upstream takes it)
+                return override
             raise ChatTemplateError(f"--chat-template {override}: no such file")
         return path.read_text()
     jinja = model_dir / "chat_template.jinja"

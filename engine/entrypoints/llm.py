@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence as Seq
 
 from engine.core.input_processor import InputProcessor, load_tokenizer
@@ -46,7 +47,9 @@ class LLM(PoolingMixin):
 
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", **kwargs):
         self.core = engine_core(model, dtype, **kwargs)
-        self.tokenizer = load_tokenizer(self.core.path)
+        # tokenizer=DIR (upstream's): that folder's; a GGUF file's folder was made with it
+        self.tokenizer = load_tokenizer(Path(kwargs["tokenizer"]) if kwargs.get("tokenizer")
+                                        else self.core.path)
         self.processor = InputProcessor(self.tokenizer, self.core.config.vocab_size,
                                         self.core.max_model_len)
 

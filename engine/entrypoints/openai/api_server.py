@@ -9,7 +9,7 @@ import secrets
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -20,20 +20,33 @@ from engine.entrypoints.openai.serving_completion import create_completion
 from engine.entrypoints.openai.serving_pooling import (ClassificationRequest, EmbeddingRequest,
                                                        create_classification, create_embedding)
 from engine.entrypoints.openai.serving_responses import ResponsesRequest, create_response
+from engine.entrypoints.openai.http_metrics import HttpMetrics
+from engine.entrypoints.openai.openapi_errors import PROBE_RESPONSES, document_errors
+from engine.entrypoints.openai.request_id import RequestIdHeader
 from engine.entrypoints.openai.serving_score import (RerankRequest, ScoreRequest, create_rerank,
                                                      create_score)
 from engine.entrypoints.openai.serving_engine import (APIError, ServerState, error_response,
-                                                      json_body)
+                                                      json_body, serve_options)
 
 logger = logging.getLogger("engine")
 
-__all__ = ["ServerState", "build_app"]
+__all__ = ["ServerState", "build_app", "serve_options"]
 
 
-def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="vllm-engine", docs_url="/docs", redoc_url=None,
-                  openapi_url="/openapi.json")
+def build_app(state: ServerState, docs: bool = True,
+              allowed_origins: list[str] | None = None) -> FastAPI:
+    """docs: /docs and /openapi.json (--disable-fastapi-docs turns them off);
+    allowed_origins: CORS for those origins (--allowed-origins)."""
+    app = FastAPI(title="vllm-engine", docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     app.state.s = state
+    app.add_middleware(RequestIdHeader, always=state.options.request_id_headers)
+    app.add_middleware(HttpMetrics, registry=state.metrics.registry)
+    if allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins,
+                           allow_methods=["*"], allow_headers=["*"])
     if state.max_body_bytes is not None:  # before FastAPI reads (and parses) a byte of it
         app.add_middleware(BodySizeLimit, max_bytes=state.max_body_bytes)
 
@@ -55,8 +68,9 @@ def build_app(state: ServerState) -> FastAPI:
         return error_response(400, f"{loc}: {msg}" if loc else msg, loc or None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_, exc: StarletteHTTPException):
-        return error_response(exc.status_code, str(exc.detail))
+    async def _http(_, exc: StarletteHTTPException):  # its headers too: a 405's Allow
+        return error_response(exc.status_code, str(exc.detail),
+                              headers=dict(exc.headers) if exc.headers else None)
 
     @app.exception_handler(Exception)
     async def _unexpected(_, exc: Exception):  # logged here; the client gets no traceback
@@ -83,19 +97,20 @@ def build_app(state: ServerState) -> FastAPI:
     v1_json = v1 + [Depends(json_body)]  # the key first: a stranger learns nothing more
     v1_generate = v1_json + [Depends(generates)]
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses=PROBE_RESPONSES)
     async def health():
         if state.llm.dead is not None:
             return error_response(503, f"the engine loop stopped: {state.llm.dead}")
         return Response(status_code=200)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
+    @app.api_route("/ping", methods=["GET", "POST"], response_class=Response,
+                   responses=PROBE_RESPONSES)
     async def ping():  # upstream's load balancer probe: /health by another name
         return await health()
 
     add_token_routes(app, state)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -119,6 +134,7 @@ def build_app(state: ServerState) -> FastAPI:
         return await create_response(state, body, request)
 
     add_pooling_routes(app, state, v1_json)
+    document_errors(app)
     return app
 
 

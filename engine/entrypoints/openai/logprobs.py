@@ -5,6 +5,14 @@ lists) and the chat one (a list of token entries), and vLLM's own
 from __future__ import annotations
 
 
+class AsTokenIds:
+    """Stands for the tokenizer where return_tokens_as_token_ids asks that
+    logprobs name each token 'token_id:N' (upstream's form), not its text."""
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(f"token_id:{t}" for t in ids)
+
+
 def _lp(x: float) -> float:
     return max(x, -9999.0)
 

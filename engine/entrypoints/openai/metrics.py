@@ -1,75 +1,214 @@
-"""The server's Prometheus metrics, named as upstream vLLM names them. With
-several API server processes (--api-server-count), each writes its values
-to $PROMETHEUS_MULTIPROC_DIR and /metrics sums them (prometheus_client's
+"""The server's Prometheus metrics, as vLLM 0.32 exports them for a text
+model: the same names, types, buckets and labels (`model_name`, `engine`),
+so that upstream's Grafana dashboards read them (docs/grafana-dashboard.json
+does; tests/data holds the peer's list). Series for what this engine has no
+part of (multi-modal and external caches, sleep mode, LoRA) are exported at
+their idle values, as upstream exports them when unused. With several API
+server processes (--api-server-count), each writes its values to
+$PROMETHEUS_MULTIPROC_DIR and /metrics sums them (prometheus_client's
 multiprocess mode, as upstream's)."""
 from __future__ import annotations
 
 import os
+from collections import Counter as Tally
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from engine.spec_decode.metrics import SpecDecodingStats
 
-# seconds; upstream's buckets, trimmed to what a CPU engine sees
+# upstream's buckets (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0)
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+N_BUCKETS = (1, 2, 5, 10, 20)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+ENGINE = "0"  # one engine core (its data-parallel replicas summed)
+
+
+def token_buckets(max_model_len: int) -> list[int]:
+    """1, 2, 5, 10, 20, ... up to max_model_len, as upstream's build_1_2_5_buckets."""
+    out: list[int] = []
+    exp = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10 ** exp
+            if v > max_model_len:
+                return out
+            out.append(v)
+        exp += 1
 
 
 class Metrics:
     """Fed by the engine client: the scheduler stats each step's output
     carries (on_stats), each request's outputs (on_output); and by the
-    request handlers (on_prompt). One registry per server."""
+    request handlers (on_prompt, on_request). One registry per server."""
 
-    def __init__(self, model_name: str, engine_totals: bool = True):
+    def __init__(self, model_name: str, engine_totals: bool = True, max_model_len: int = 2048,
+                 cache_info: dict | None = None):
         """engine_totals: count the core's totals (the prefix cache's
-        lookups) here; of N API servers, which all hear them, one does."""
+        lookups, preemptions, steps) here; of N API servers, which all hear
+        them, one does."""
         self.engine_totals = engine_totals
-        self.registry = CollectorRegistry()
-        labels = ["model_name"]
-        r = self.registry
-        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.",
-                             labels, registry=r, multiprocess_mode="mostrecent").labels(model_name)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
-                             labels, registry=r, multiprocess_mode="mostrecent").labels(model_name)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use "
-                              "(1 = all).", labels, registry=r,
-                              multiprocess_mode="mostrecent").labels(model_name)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels,
-                                     registry=r).labels(model_name)
-        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in "
-                                      "the prefix cache.", labels, registry=r).labels(model_name)
-        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix "
-                                   "cache.", labels, registry=r).labels(model_name)
-        self._prefix_seen = (0, 0)  # the block manager's totals at the last step
-        self._spec: SpecDecodingProm | None = None  # once a step reports speculation
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels,
-                                         registry=r).labels(model_name)
-        self._success = Counter("vllm:request_success", "Requests finished, by reason.",
-                                labels + ["finished_reason"], registry=r)
         self.model_name = model_name
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
-                              buckets=TTFT_BUCKETS, registry=r).labels(model_name)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time between two output "
-                              "tokens of a request.", labels, buckets=TPOT_BUCKETS,
-                              registry=r).labels(model_name)
+        self.registry = r = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)  # process_* and python_*, as upstream's default registry
+        names, values = ["model_name", "engine"], (model_name, ENGINE)
+
+        def gauge(name, doc, extra=()):
+            g = Gauge(name, doc, names + list(extra), registry=r, multiprocess_mode="mostrecent")
+            return g if extra else g.labels(*values)
+
+        def counter(name, doc, extra=()):
+            c = Counter(name, doc, names + list(extra), registry=r)
+            return c if extra else c.labels(*values)
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(*values)
+
+        self.running = gauge("vllm:num_requests_running",
+                             "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting",
+                             "Number of requests waiting to be processed.")
+        self.waiting_by = gauge("vllm:num_requests_waiting_by_reason",
+                                "Number of waiting requests by reason.", ["reason"])
+        sleep = gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 1 means the "
+                      "engine is awake (this engine does not sleep).", ["sleep_state"])
+        for state, v in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
+            sleep.labels(*values, state).set(v)
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc",
+                              "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in "
+                                      "terms of number of queried tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of "
+                                   "number of cached tokens.")
+        for name, doc in (("vllm:external_prefix_cache_queries", "External prefix cache "
+                           "queries (no KV connector here: 0)."),
+                          ("vllm:external_prefix_cache_hits", "External prefix cache hits (0)."),
+                          ("vllm:mm_cache_queries", "Multi-modal cache queries (text only: 0)."),
+                          ("vllm:mm_cache_hits", "Multi-modal cache hits (text only: 0)."),
+                          ("vllm:estimated_flops_per_gpu", "Estimated floating point "
+                           "operations per GPU (not estimated here: 0)."),
+                          ("vllm:estimated_read_bytes_per_gpu", "Estimated bytes read per GPU "
+                           "(not estimated here: 0)."),
+                          ("vllm:estimated_write_bytes_per_gpu", "Estimated bytes written per "
+                           "GPU (not estimated here: 0).")):
+            counter(name, doc)
+        self.preemptions = counter("vllm:num_preemptions",
+                                   "Cumulative number of preemption from the engine.")
+        self._seen = (0, 0, 0)  # the core's totals at the last step: queries, hits, preemptions
+        self._spec: SpecDecodingProm | None = None  # once a step reports speculation
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.by_source = counter("vllm:prompt_tokens_by_source",
+                                 "Number of prompt tokens by source.", ["source"])
+        self.cached = counter("vllm:prompt_tokens_cached",
+                              "Number of cached prompt tokens (local + external).")
+        self.cached_by = counter("vllm:prompt_tokens_cached_by_source",
+                                 "Prefix-cache hit tokens by the cache tier that supplied them.",
+                                 ["source"])
+        self.generation_tokens = counter("vllm:generation_tokens",
+                                         "Number of generation tokens processed.")
+        self._success = counter("vllm:request_success",
+                                "Count of successfully processed requests.", ["finished_reason"])
+        # upstream's one series without `engine`: the front end refuses, not an engine
+        rejected = Counter("vllm:admission_rejections", "Number of admission attempts rejected "
+                           "by a queue limit, by reason.", ["model_name", "reason"], registry=r)
+        self.rejected = rejected.labels(model_name, "max_num_queued_reqs")
+        for reason in ("capacity", "deferred"):
+            self.waiting_by.labels(*values, reason)
+        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+            self.by_source.labels(*values, source)
+        self.cached_by.labels(*values, "device")
+        for reason in FINISHED_REASONS:
+            self._success.labels(*values, reason)
+        rejected.labels(model_name, "max_num_queued_tokens")
+        tokens = token_buckets(max_model_len)
+        self.req_prompt = histogram("vllm:request_prompt_tokens",
+                                    "Number of prefill tokens processed.", tokens)
+        self.req_generation = histogram("vllm:request_generation_tokens",
+                                        "Number of generation tokens processed.", tokens)
+        self.iteration = histogram("vllm:iteration_tokens_total", "Histogram of number of "
+                                   "tokens per engine_step.", ITERATION_BUCKETS)
+        self.max_gen = histogram("vllm:request_max_num_generation_tokens", "Histogram of maximum "
+                                 "number of requested generation tokens.", tokens)
+        self.params_n = histogram("vllm:request_params_n",
+                                  "Histogram of the n request parameter.", N_BUCKETS)
+        self.params_max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of the "
+                                           "max_tokens request parameter.", tokens)
+        self.ttft = histogram("vllm:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.",
+                              ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.", PHASE_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.",
+                               PHASE_BUCKETS)
+        self.inference = histogram("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.",
+                                   PHASE_BUCKETS)
+        self.prefill = histogram("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.",
+                                 PHASE_BUCKETS)
+        self.decode = histogram("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.",
+                                PHASE_BUCKETS)
+        self.req_preemptions = histogram("vllm:request_num_preemptions", "Histogram of the "
+                                         "number of times a request was preempted.",
+                                         PREEMPTION_BUCKETS)
+        self.kv_computed = histogram("vllm:request_prefill_kv_computed_tokens",
+                                     "Histogram of new KV tokens computed during prefill "
+                                     "(excluding cached tokens).", tokens)
+        info = {k: str(v) for k, v in (cache_info or {}).items()}
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+              ["engine", *info], registry=r, multiprocess_mode="mostrecent").labels(
+            ENGINE, *info.values()).set(1)
 
     def on_prompt(self, num_tokens: int) -> None:
         self.prompt_tokens.inc(num_tokens)
 
+    def on_request(self, seqs) -> None:
+        """A request's sequences, admitted: its n (per prompt) and max_tokens."""
+        for n in Tally(s.index for s in seqs).values():
+            self.params_n.observe(n)
+        for s in seqs:
+            self.params_max_tokens.observe(s.params.max_tokens)
+            self.max_gen.observe(s.params.max_tokens)
+
     def on_stats(self, stats) -> None:
-        """A step's SchedulerStats (engine/core/messages.py); prefix totals since start."""
+        """A step's SchedulerStats (engine/core/messages.py); totals since start."""
         self.running.set(stats.num_running_reqs)
         self.waiting.set(stats.num_waiting_reqs)
+        self.waiting_by.labels(self.model_name, ENGINE, "capacity").set(stats.num_waiting_reqs)
         self.kv_usage.set(stats.kv_cache_usage)
         if not self.engine_totals:
             return
-        queries, hits = self._prefix_seen
+        queries, hits, preempted = self._seen
         self.prefix_queries.inc(max(stats.prefix_cache_queries - queries, 0))
         self.prefix_hits.inc(max(stats.prefix_cache_hits - hits, 0))
-        self._prefix_seen = (stats.prefix_cache_queries, stats.prefix_cache_hits)
+        self.preemptions.inc(max(stats.num_preemptions - preempted, 0))
+        self._seen = (stats.prefix_cache_queries, stats.prefix_cache_hits,
+                      stats.num_preemptions)
+        if stats.num_scheduled_tokens:
+            self.iteration.observe(stats.num_scheduled_tokens)
         if stats.spec_decoding is not None:
             if self._spec is None:
                 self._spec = SpecDecodingProm(self.registry, self.model_name)
@@ -82,12 +221,39 @@ class Metrics:
             gaps = num_tokens
             if state.first_token_time is None:
                 self.ttft.observe(now - state.arrival_time)
+                self._first_output(state)
                 gaps -= 1
             elif state.last_token_time is not None:
                 for _ in range(gaps):  # tokens that came together share the gap
-                    self.tpot.observe((now - state.last_token_time) / num_tokens)
+                    self.itl.observe((now - state.last_token_time) / num_tokens)
         if state.finish_reason is not None:
-            self._success.labels(self.model_name, state.finish_reason).inc()
+            self._success.labels(self.model_name, ENGINE, state.finish_reason).inc()
+            self._finished(state, now)
+
+    def _first_output(self, state) -> None:
+        cached = state.num_cached_tokens
+        computed = state.num_prompt_tokens - cached
+        self.cached.inc(cached)
+        self.cached_by.labels(self.model_name, ENGINE, "device").inc(cached)
+        self.by_source.labels(self.model_name, ENGINE, "local_cache_hit").inc(cached)
+        self.by_source.labels(self.model_name, ENGINE, "local_compute").inc(computed)
+        self.kv_computed.observe(computed)
+
+    def _finished(self, state, now: float) -> None:
+        """Upstream's per-request phases: queued (arrival to first scheduled),
+        prefill (to the first token), decode (to the last), inference (both)."""
+        scheduled = state.scheduled_time or state.arrival_time
+        first = state.first_token_time or now
+        self.e2e.observe(now - state.arrival_time)
+        self.queue.observe(max(scheduled - state.arrival_time, 0.0))
+        self.prefill.observe(max(first - scheduled, 0.0))
+        self.decode.observe(max(now - first, 0.0))
+        self.inference.observe(max(now - scheduled, 0.0))
+        self.req_prompt.observe(state.num_prompt_tokens)
+        self.req_generation.observe(state.num_output_tokens)
+        self.req_preemptions.observe(state.num_preemptions)
+        if state.num_output_tokens > 1:
+            self.tpot.observe((now - first) / (state.num_output_tokens - 1))
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -103,14 +269,14 @@ class SpecDecodingProm:
     fed with the core's totals since start."""
 
     def __init__(self, registry: CollectorRegistry, model_name: str):
-        labels, r = ["model_name"], registry
+        labels, r = ["model_name", "engine"], registry
         self.drafts = Counter("vllm:spec_decode_num_drafts", "Speculative verifications (a "
                               "request's step with drafts).", labels, registry=r
-                              ).labels(model_name)
+                              ).labels(model_name, ENGINE)
         self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens "
-                                    "verified.", labels, registry=r).labels(model_name)
+                                    "verified.", labels, registry=r).labels(model_name, ENGINE)
         self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens "
-                                "accepted.", labels, registry=r).labels(model_name)
+                                "accepted.", labels, registry=r).labels(model_name, ENGINE)
         self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens "
                                "accepted, by position in their step's drafts.",
                                labels + ["position"], registry=r)
@@ -125,7 +291,7 @@ class SpecDecodingProm:
         before = seen.num_accepted_tokens_per_pos
         for pos, n in enumerate(totals.num_accepted_tokens_per_pos):
             old = before[pos] if pos < len(before) else 0
-            self.per_pos.labels(self.model_name, str(pos)).inc(max(n - old, 0))
+            self.per_pos.labels(self.model_name, ENGINE, str(pos)).inc(max(n - old, 0))
         self._seen = SpecDecodingStats(totals.num_drafts, totals.num_draft_tokens,
                                        totals.num_accepted_tokens,
                                        list(totals.num_accepted_tokens_per_pos))

@@ -1,19 +1,29 @@
 """Request bodies of the OpenAI API as upstream vLLM serves them. A field the
-engine implements is applied; one it does not (beam search, suffix, best_of,
-...) is refused by name (400) when set to anything but its default, never
+engine implements is applied; one it does not (suffix, functions,
+logits_processors, ...) is refused by name (400) when set to anything but its default, never
 silently ignored; fields that change nothing about the answer (user,
 metadata, ...) and unknown ones are ignored, as upstream ignores them.
 Numbers and ids are strict: "1" is not an int, true is not a token id."""
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
+                      StrictStr)
 
-from engine.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, SAMPLING_EPS,
+from engine.sampling_params import (INT64_MAX, INT64_MIN, SAMPLING_EPS,
                                     SamplingParams, with_model_defaults)
 
 Seed = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+
+
+def _no_bool(value):
+    if isinstance(value, bool):  # pydantic's lax float takes true as 1.0; the schema does not
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_no_bool)]
 
 
 class StreamOptions(BaseModel):
@@ -26,22 +36,43 @@ def _is_set(value, default) -> bool:
 
 
 # name -> the value that means "unset" (anything else is refused by name)
-REFUSED_COMMON: dict[str, object] = {"use_beam_search": False, "best_of": None, "length_penalty": 1.0,
-                  "allowed_token_ids": None, "bad_words": [],
-                  "truncate_prompt_tokens": None,
-                  "skip_special_tokens": True, "logits_processors": None,
-                  "return_tokens_as_token_ids": None, "logprob_token_ids": None}
+REFUSED_COMMON: dict[str, object] = {"logits_processors": None, "logprob_token_ids": None}
 
 
-class _Sampling(BaseModel):
+class _VllmFields(BaseModel):
+    """vLLM's own request fields (upstream's protocol.py), applied as there."""
+
+    best_of: StrictInt | None = Field(default=None, ge=1)  # >= n; as upstream V1: n answers
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    allowed_token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
+    bad_words: list[StrictStr] | None = None
+    truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=-1)  # -1: the context
+    return_tokens_as_token_ids: StrictBool | None = None  # None: --return-tokens-as-token-ids
+    return_token_ids: StrictBool | None = None
+    request_id: StrictStr | None = None  # else the X-Request-Id header's, else a random one
+    use_beam_search: StrictBool = False  # n beams (serving_beam.py)
+    length_penalty: Number = 1.0  # beam search's score: logprob / length ** length_penalty
+
+    def vllm_fields(self) -> dict:
+        """Their SamplingParams fields (bad_words are tokenized by the server)."""
+        return {"allowed_token_ids": self.allowed_token_ids,
+                "skip_special_tokens": self.skip_special_tokens}
+
+    def check_vllm(self, n: int) -> None:
+        if self.best_of is not None and self.best_of < n:
+            raise ValueError(f"best_of: must be >= n ({n}), got {self.best_of}")
+
+
+class _Sampling(_VllmFields):
     model_config = ConfigDict(extra="allow")  # unknown fields are ignored (refused ones named)
 
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
     top_k: StrictInt | None = None
-    min_p: float | None = None
+    min_p: Number | None = None
     seed: StrictInt | None = Seed
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
@@ -51,11 +82,11 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = Field(default=0, ge=0)
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    repetition_penalty: float | None = None
+    presence_penalty: Number | None = None  # None: the model's default, else 0
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None
     logit_bias: dict[str, float] | None = None
-    prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # vLLM's
+    prompt_logprobs: StrictInt | None = Field(default=None, ge=0)  # vLLM's; <= --max-logprobs
     response_format: dict | None = None
     user: StrictStr | None = None
 
@@ -77,12 +108,18 @@ class _Sampling(BaseModel):
             raise ValueError("stream_options: only with stream=true")
         if self.prompt_logprobs is not None and self.stream:  # as upstream
             raise ValueError("prompt_logprobs: not available with stream=true")
-        if self.n > 1 and self.temperature is not None and self.temperature < SAMPLING_EPS:
+        self.check_vllm(self.n)
+        if (self.n > 1 and self.temperature is not None and self.temperature < SAMPLING_EPS
+                and not self.use_beam_search):  # beam search: n beams, greedy or not
             raise ValueError(f"n must be 1 when using greedy sampling (temperature 0), "
                              f"got {self.n}")
 
     def num_logprobs(self) -> int | None:
         return None
+
+    def logprob_asks(self) -> dict[str, int | None]:
+        """The fields that ask for alternatives, by name (bounded by --max-logprobs)."""
+        return {"prompt_logprobs": self.prompt_logprobs}
 
     def num_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
@@ -107,18 +144,20 @@ class _Sampling(BaseModel):
         if seed is not None and seed != -1 and index:
             # n > 1: each choice its own stream of numbers, wrapped within int64
             seed = (seed + index - INT64_MIN) % 2**64 + INT64_MIN
+        defaults = {k: v for k, v in (model_defaults or {}).items() if k != "max_tokens"}
         fields = with_model_defaults(
             {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-             "repetition_penalty": self.repetition_penalty}, model_defaults or {})
+             "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+             "presence_penalty": self.presence_penalty,
+             "frequency_penalty": self.frequency_penalty}, defaults)
         return SamplingParams(
-            **fields, min_p=self.min_p or 0.0, seed=seed, max_tokens=max_tokens,
+            **fields, seed=seed, max_tokens=max_tokens,
             min_tokens=self.min_tokens, stop=self.stop,
             stop_token_ids=list(self.stop_token_ids or []),
             include_stop_str_in_output=self.include_stop_str_in_output,
-            ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
+            ignore_eos=self.ignore_eos,
             logit_bias=self.logit_bias_ids(), logprobs=self.num_logprobs(),
-            prompt_logprobs=self.num_prompt_logprobs())
+            prompt_logprobs=self.num_prompt_logprobs(), **self.vllm_fields())
 
 
 Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
@@ -128,8 +167,9 @@ class CompletionRequest(_Sampling):
     prompt: Prompt
     max_tokens: StrictInt | None = Field(default=None, ge=0)  # 0: the prompt alone (echo)
     echo: StrictBool | None = False
-    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: StrictInt | None = Field(default=None, ge=0)  # <= --max-logprobs
     suffix: StrictStr | None = None
+    add_special_tokens: StrictBool = True
 
     def refused(self) -> dict:
         return {"suffix": None}
@@ -142,6 +182,9 @@ class CompletionRequest(_Sampling):
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def logprob_asks(self) -> dict[str, int | None]:
+        return {"logprobs": self.logprobs, "prompt_logprobs": self.prompt_logprobs}
 
     def num_prompt_logprobs(self) -> int | None:
         """echo with logprobs: the prompt's too, as many alternatives (upstream)."""
@@ -174,25 +217,35 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool | None = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: StrictInt | None = Field(default=None, ge=0)  # <= --max-logprobs
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict | None = None
     tools: list[dict] | None = None
     tool_choice: StrictStr | dict | None = None  # None: auto with tools, else none
     parallel_tool_calls: StrictBool | None = True
 
+    echo: StrictBool = False  # the last message first, when it is the answer's role
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False  # the template writes them
+
     def refused(self) -> dict:
-        return {"functions": None, "function_call": None, "echo": False,
-                "continue_final_message": False, "chat_template": None, "documents": None,
+        return {"functions": None, "function_call": None,
+                "chat_template": None, "documents": None,
                 "audio": None, "prediction": None}
 
     def check(self) -> None:
         super().check()
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: only with logprobs=true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message: not with add_generation_prompt=true; set "
+                             "add_generation_prompt to false")
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def logprob_asks(self) -> dict[str, int | None]:
+        return {"top_logprobs": self.top_logprobs, "prompt_logprobs": self.prompt_logprobs}
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -6,6 +6,7 @@ upstream's), and this process watches them all."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import multiprocessing as mp
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import wait
+from pathlib import Path
 
 logger = logging.getLogger("engine")
 
@@ -30,18 +32,26 @@ class _Front:
     tokenizer and chat template (no weights)."""
 
     def __init__(self, args):
-        from engine.config import ModelConfig
+        from engine.config import ModelConfig, generation_defaults
         from engine.core.input_processor import load_tokenizer
         from engine.entrypoints import chat_utils
         from engine.entrypoints.openai.request_limits import max_token_bytes
         from engine.model_source import resolve_model
+        from engine.transformers_utils.gguf_folder import gguf_file
 
         self.path = resolve_model(args.model, getattr(args, "tokenizer", None),
                                   getattr(args, "hf_config_path", None))
-        self.model_config = ModelConfig.from_dir(self.path)
-        self.tokenizer = load_tokenizer(self.path)
-        self.template = chat_utils.load_template(self.path, args.chat_template)
-        self.special_tokens = chat_utils.special_tokens(self.path)
+        mc = ModelConfig.from_dir(self.path)
+        defaults = generation_defaults(self.path, args.generation_config,
+                                       args.override_generation_config)
+        self.model_config = dataclasses.replace(mc, generation_defaults=defaults)
+        # --tokenizer: its folder's tokenizer.json, chat template and special tokens (a
+        # GGUF file's folder holds them already, made with it)
+        gguf = gguf_file(self.path) is not None
+        tok_path = Path(args.tokenizer) if args.tokenizer and not gguf else self.path
+        self.tokenizer = load_tokenizer(tok_path)
+        self.template = chat_utils.load_template(tok_path, args.chat_template)
+        self.special_tokens = chat_utils.special_tokens(tok_path)
         self.max_tok_bytes = max_token_bytes(self.tokenizer)
         tool_calls(args)
 
@@ -107,7 +117,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     import uvicorn
 
     from engine.core.async_llm import AsyncLLM
-    from engine.entrypoints.openai.api_server import ServerState, build_app
+    from engine.entrypoints.openai.api_server import ServerState, build_app, serve_options
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
@@ -115,10 +125,16 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     from engine.entrypoints.openai import connection_limits
 
     names = args.served_model_name or [args.model]
-    metrics = Metrics(names[0], engine_totals=client.client_index == 0)
+    metrics = Metrics(names[0], engine_totals=client.client_index == 0,
+                      max_model_len=ready.max_model_len, cache_info={
+                          "block_size": ready.block_size, "num_gpu_blocks": ready.num_blocks,
+                          "cache_dtype": "auto", "enable_prefix_caching":
+                          args.enable_prefix_caching is not False})
+    options = serve_options(args)
     llm = AsyncLLM(client, ready, front.model_config, front.tokenizer, metrics,
                    max_waiting=args.max_waiting_queue_length,
-                   stream_interval=parse_interval(args.stream_interval))
+                   stream_interval=parse_interval(args.stream_interval),
+                   max_logprobs=options.max_logprobs)
     state = ServerState(llm=llm, model_names=names, model_dir=front.path, metrics=metrics,
                         api_key=args.api_key, chat_template=front.template,
                         special_tokens=front.special_tokens,
@@ -128,11 +144,12 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         max_tok_bytes=front.max_tok_bytes,
                         tool_call_parser=args.tool_call_parser,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
-                        reasoning_parser=args.reasoning_parser)
+                        reasoning_parser=args.reasoning_parser, options=options)
     if front.template is None and client.client_index == 0 and not ready.pooling_tasks:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)
-    app = build_app(state)
+    app = build_app(state, docs=not args.disable_fastapi_docs,
+                    allowed_origins=args.allowed_origins)
     # starlette's request.is_disconnected() imports anyio's asyncio backend on
     # first use: ~50 ms of imports inside the first long request's wait, while
     # /health and every stream wait behind it
@@ -146,6 +163,7 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     logging.getLogger("asyncio").addFilter(connection_limits.AcceptErrorsOncePerSecond())
     config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.uvicorn_log_level, access_log=False,
+                            root_path=args.root_path or "",
                             timeout_graceful_shutdown=GRACEFUL_S,
                             http=connection_limits.guarded_protocol(
                                 connection_limits.max_connections(fds)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from dataclasses import dataclass
@@ -22,11 +23,13 @@ from engine.entrypoints.openai.protocol import _Sampling
 from engine.entrypoints.openai.request_limits import prompt_surely_too_long
 from engine.entrypoints.openai.structured_outputs import StructuredOutputError
 from engine.entrypoints.openai import structured_outputs
-from engine.sampling_params import StructuredOutputsParams
+from engine.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                405: "MethodNotAllowed", 500: "InternalServerError", 503: "ServiceUnavailable"}
 
+
+logger = logging.getLogger("engine")
 
 RETRY_AFTER_S = 1  # the Retry-After of a 503 for a full waiting queue
 
@@ -60,6 +63,27 @@ def error_response(status: int, message: str, param: str | None = None,
                         headers=headers)
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `engine serve`'s vLLM flags (cli_args.py) change about answers."""
+
+    response_role: str = "assistant"  # --response-role
+    max_logprobs: int = MAX_LOGPROBS  # --max-logprobs (-1: the vocabulary)
+    log_requests: bool = False  # --enable-log-requests
+    max_log_len: int | None = None  # --max-log-len
+    tokens_as_ids: bool = False  # --return-tokens-as-token-ids
+    request_id_headers: bool = False  # --enable-request-id-headers
+
+
+def serve_options(args) -> ServeOptions:
+    return ServeOptions(
+        response_role=args.response_role,
+        max_logprobs=MAX_LOGPROBS if args.max_logprobs is None else args.max_logprobs,
+        log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
+        tokens_as_ids=args.return_tokens_as_token_ids,
+        request_id_headers=args.enable_request_id_headers)
+
+
 @dataclass
 class ServerState:
     llm: EngineClient
@@ -73,6 +97,7 @@ class ServerState:
     created: int
     max_body_bytes: int | None = None  # a larger body is a 413 (None: no bound)
     max_tok_bytes: int | None = None  # the tokenizer's longest token, in UTF-8 bytes
+    options: ServeOptions = ServeOptions()
     # tool calling and reasoning (--tool-call-parser, --enable-auto-tool-choice,
     # --reasoning-parser): parser names
     tool_call_parser: str | None = None
@@ -113,6 +138,12 @@ def check_request(state: ServerState, body: _Sampling) -> str:
         body.check()
     except ValueError as exc:
         raise APIError(400, str(exc), str(exc).split(" ")[0].rstrip(":")) from None
+    bound = state.options.max_logprobs
+    bound = state.llm.model_config.vocab_size if bound == -1 else bound
+    for name, asked in body.logprob_asks().items():
+        if asked is not None and (asked > bound or asked < 0):
+            raise APIError(400, f"{name}: at most {bound} (the server's --max-logprobs), "
+                           f"got {asked}", name)
     return body.model or state.model_names[0]
 
 
@@ -127,45 +158,6 @@ async def output_constraint(body: _Sampling, given: tuple | None = None
     except StructuredOutputError as exc:
         raise APIError(400, str(exc), exc.field) from None
     return found[0] if found is not None else None
-
-
-async def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_index: int,
-                         max_tokens: int | None, default_max_tokens,
-                         constraint: StructuredOutputsParams | None = None) -> list:
-    """body.n requests of one prompt. max_tokens: what the request asked
-    for (checked against the context), None for default_max_tokens(prompt
-    length); constraint: the output's (output_constraint)."""
-    llm = state.llm
-    if isinstance(prompt, str):
-        check_prompt_fits(state, prompt, "prompt")
-    try:
-        defaults = llm.model_config.generation_defaults
-        params = [body.sampling_params(max_tokens or max(body.min_tokens, 1), j, defaults)
-                  for j in range(body.n)]
-        for p in params:
-            p.structured_outputs = constraint
-    except ValueError as exc:
-        raise APIError(400, str(exc), str(exc).split(" ")[0].rstrip(":")) from None
-    try:
-        first = await llm.make_request(prompt, params[0], prompt_index)
-        ids = first.token_ids  # the prompt tokenized once for all n
-        seqs = [first] + [await llm.make_request(ids, p, prompt_index) for p in params[1:]]
-    except ValueError as exc:
-        raise APIError(400, str(exc), "prompt") from None
-    for s in seqs[1:]:
-        s.prompt = first.prompt
-    n = seqs[0].num_prompt_tokens
-    room = state.max_model_len - n
-    if max_tokens is None:
-        max_tokens = max(1, min(default_max_tokens(n), room))
-        for s in seqs:
-            s.params.max_tokens = max_tokens
-            s.params.min_tokens = min(s.params.min_tokens, max_tokens)
-    elif max_tokens > room:
-        raise APIError(400, f"max_tokens ({max_tokens}) plus the prompt's {n} tokens exceeds "
-                       f"the model's context ({state.max_model_len}); ask for at most {room}",
-                       "max_tokens")
-    return seqs
 
 
 def check_fan_out(state: ServerState, count: int, param: str) -> None:
@@ -186,11 +178,26 @@ def admit(state: ServerState, seqs, param: str) -> None:
     try:
         state.llm.add(seqs)
     except QueueFullError as exc:
+        state.metrics.rejected.inc()  # --max-waiting-queue-length
         raise APIError(503, str(exc), None, {"Retry-After": str(RETRY_AFTER_S)}) from None
     except EngineDeadError as exc:
         raise APIError(503, str(exc)) from None
+    state.metrics.on_request(seqs)
     for s in seqs:
         state.metrics.on_prompt(s.num_prompt_tokens)
+        if state.options.log_requests:
+            log_request(state, s)
+
+
+def log_request(state: ServerState, seq) -> None:
+    """--enable-log-requests: one line per sequence, its prompt cut at --max-log-len."""
+    cut = state.options.max_log_len
+    ids = seq.token_ids[:seq.num_prompt_tokens]
+    text = seq.prompt
+    if cut is not None:
+        ids, text = ids[:cut], None if text is None else text[:cut]
+    logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s",
+                seq.request_id, text, seq.params, ids)
 
 
 def release(state: ServerState, seqs) -> None:
@@ -288,8 +295,8 @@ class Chunks:
     """The chunks of one streamed answer: each carries the answer's id, object
     type, creation time and model name."""
 
-    def __init__(self, prefix: str, obj: str, model: str):
-        self.head = {"id": f"{prefix}-{secrets.token_hex(16)}", "object": obj,
+    def __init__(self, prefix: str, obj: str, model: str, rid: str | None = None):
+        self.head = {"id": f"{prefix}-{rid or secrets.token_hex(16)}", "object": obj,
                      "created": int(time.time()), "model": model}
 
     def __call__(self, choices: list, usage: dict | None = None) -> dict:
@@ -299,8 +306,9 @@ class Chunks:
         return out
 
 
-def full_answer(prefix: str, obj: str, model: str, choices: list, seqs) -> dict:
-    return {**Chunks(prefix, obj, model)(choices), "usage": usage(seqs)}
+def full_answer(prefix: str, obj: str, model: str, choices: list, seqs,
+                rid: str | None = None) -> dict:
+    return {**Chunks(prefix, obj, model, rid)(choices), "usage": usage(seqs)}
 
 
 class _ReleasingStream(StreamingResponse):

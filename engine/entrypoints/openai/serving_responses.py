@@ -15,7 +15,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic import ValidationError
 
-from engine.entrypoints.openai.protocol import ChatCompletionRequest
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, Number
 from engine.entrypoints.openai.serving_chat import chat_sequences
 from engine.entrypoints.openai.serving_engine import (APIError, ServerState, admit,
                                                       failure_response, run,
@@ -30,8 +30,8 @@ class ResponsesRequest(BaseModel):
     input: StrictStr | list[dict]
     instructions: StrictStr | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
     stream: StrictBool | None = False
     metadata: dict | None = None
 

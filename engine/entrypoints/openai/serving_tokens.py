@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Response
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from engine.core import cpu_share
+from engine.entrypoints.openai.protocol import ChatMessage
+from engine.entrypoints.openai.serving_chat import render_chat
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, json_body
 
 
@@ -28,18 +31,27 @@ def tokens_json(ids: list[int], max_model_len: int) -> bytes:
 
 
 class TokenizeRequest(BaseModel):
+    """A prompt, or chat messages rendered by the chat template (upstream's
+    two forms); add_special_tokens defaults to true for a prompt, false for
+    messages (the template writes its own)."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    prompt: StrictStr
-    add_special_tokens: StrictBool = True
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict | None = None
+    add_special_tokens: StrictBool | None = None
+    return_token_strs: StrictBool = False
 
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    tokens: list[StrictInt]
+    tokens: list[Annotated[StrictInt, Field(ge=0)]]
 
 
 def add_token_routes(app: FastAPI, state: ServerState) -> None:
@@ -63,15 +75,30 @@ def add_token_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/tokenize", dependencies=[Depends(json_body)])
     async def tokenize(body: TokenizeRequest):
         check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "prompt: give either prompt or messages", "prompt")
+        text, special = body.prompt, body.add_special_tokens
+        if body.messages is not None:
+            if body.continue_final_message and body.add_generation_prompt:
+                raise APIError(400, "continue_final_message: not with add_generation_prompt="
+                               "true; set add_generation_prompt to false",
+                               "continue_final_message")
+            text = await render_chat(state, body.messages, body.add_generation_prompt,
+                                     body.continue_final_message,
+                                     body.chat_template_kwargs or {})
+        assert text is not None
         try:
-            ids = await state.llm.tokenize(body.prompt, body.add_special_tokens)
+            ids = await state.llm.tokenize(
+                text, body.prompt is not None if special is None else special)
         except ValueError as exc:  # not Unicode text
             raise APIError(400, f"prompt: {exc}", "prompt") from None
         if len(ids) > LONG_ANSWER_IDS:
             answer = await cpu_share.in_thread(tokens_json, ids, state.max_model_len)
             return Response(answer, media_type="application/json")
+        strs = ([state.llm.tokenizer.id_to_token(t) for t in ids]
+                if body.return_token_strs else None)
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids,
-                "token_strs": None}
+                "token_strs": strs}
 
     @app.post("/detokenize", dependencies=[Depends(json_body)])
     async def detokenize(body: DetokenizeRequest):

@@ -108,7 +108,26 @@ def process_logits(logits: torch.Tensor, seqs: list, eos_token_ids=()) -> torch.
     if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
            for p in params):
         logits = apply_penalties(logits, seqs, vocab)
+    if any(p.allowed_token_ids or p.bad_words_token_ids for p in params):
+        apply_allowed_and_bad_words(logits, seqs)
     return logits
+
+
+def apply_allowed_and_bad_words(logits: torch.Tensor, seqs: list) -> None:
+    """As upstream's: a row with allowed_token_ids samples among them only;
+    a bad word's last token is banned where the output ends with the tokens
+    before it (a one-token word: always)."""
+    for i, s in enumerate(seqs):
+        p = s.params
+        if p.allowed_token_ids:
+            keep = logits[i, p.allowed_token_ids].clone()
+            logits[i] = float("-inf")
+            logits[i, p.allowed_token_ids] = keep
+        output = s.token_ids[s.num_prompt_tokens:]
+        for word in p.bad_words_token_ids or ():
+            prefix = word[:-1]
+            if not prefix or (len(output) >= len(prefix) and output[-len(prefix):] == prefix):
+                logits[i, word[-1]] = float("-inf")
 
 
 def _counts(id_lists: list[list[int]], vocab: int) -> torch.Tensor:

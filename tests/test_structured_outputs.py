@@ -135,7 +135,8 @@ def test_a_slow_build_is_a_400_in_time(monkeypatch):
     from engine.sampling_params import StructuredOutputsParams
 
     monkeypatch.setenv("VLLM_STRUCTURED_OUTPUTS_TIMEOUT_S", "0.05")
-    slow = StructuredOutputsParams(regex="(a|b|c|d|e|f|g)*" * 5000)  # 80 kB, ~0.5 s to build
+    # 240 kB: ~4 s to build on a quiet core (80 kB took 0.054 s: no margin over the limit)
+    slow = StructuredOutputsParams(regex="(a|b|c|d|e|f|g)*" * 15000)
     with pytest.raises(so.StructuredOutputError, match="took more than 0.05 s"):
         asyncio.run(so.check(slow, "response_format"))
 

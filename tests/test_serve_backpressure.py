@@ -113,6 +113,9 @@ def test_a_stream_never_read_is_released(tiny):
         front = llm.num_waiting(), llm.num_requests(), dict(llm.output.requests), set(llm._unread)
         if llm._abort_task is not None:
             await llm._abort_task  # the abort reaches the core's socket
+        # and its queue (ZMQ delivers in its own thread): then the core reads it right
+        # after the held step, instead of stepping on while it is in flight
+        await asyncio.sleep(0.3)
         gate.set()
         for _ in range(500):  # the core reads it after the step under way
             if not core.has_unfinished():

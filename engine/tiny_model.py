@@ -5,21 +5,13 @@ tried without a network. Its output is gibberish."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 # Enough text for the tokenizer to learn common English pieces; any text still
 # encodes, since a byte-level BPE falls back to single bytes.
-CORPUS = """\
-The quick brown fox jumps over the lazy dog. Hello, how are you today? I am fine, thank you.
-What is the capital of France? Paris is the capital of France. Tell me a story about a cat.
-Once upon a time there was a small engine that served language models on a laptop.
-Write a poem about the sea. The sea is wide and blue, and the wind moves over the water.
-Explain how a computer works. A computer reads instructions and numbers from memory.
-You are a helpful assistant. The user asks a question and the assistant answers it.
-one two three four five six seven eight nine ten hundred thousand million
-Monday Tuesday Wednesday Thursday Friday Saturday Sunday morning evening night
-""".split("\n")
+CORPUS = ["The quick brown fox jumps over the lazy dog. Hello, how are you today? I am fine, thank you.", "What is the capital of France? Paris is the capital of France. Tell me a story about a cat.", "Once upon a time there was a small engine that served language models on a laptop.", "Write a poem about the sea. The sea is wide and blue, and the wind moves over the water.", "Explain how a computer works. A computer reads instructions and numbers from memory.", "You are a helpful assistant. The user asks a question and the assistant answers it.", "one two three four five six seven eight nine ten hundred thousand million", "Monday Tuesday Wednesday Thursday Friday Saturday Sunday morning evening night", ""]
 
 BOS, EOS, IM_START, IM_END = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"
 # ChatML, the format many small chat models use.
@@ -129,11 +121,32 @@ def check_new_folder(folder: Path) -> None:
         raise ValueError(f"{folder} exists and is not an empty folder; choose a new one")
 
 
+@contextmanager
+def checkpoint_folder(folder: Path, tensors: dict, tok, config: dict):
+    """folder's checkpoint, written as folder.partial: the weights, tokenizer.json
+    and config.json, then what the caller writes into the folder it is given;
+    renamed to folder at the end, so nothing half-written has the user's name."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tok.save(str(tmp / "tokenizer.json"))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    yield tmp
+    if folder.exists():
+        folder.rmdir()
+    tmp.rename(folder)
+
+
 def make_tiny_model(folder: str | Path, *, arch: str = "llama", seed: int = 0,
                     vocab_size: int = 512, init_std: float = 0.2) -> Path:
     """Write the checkpoint into folder (created; must be empty or absent)."""
     import torch
-    from safetensors.torch import save_file
 
     if arch not in ARCHS:
         raise ValueError(f"--arch {arch!r} is not one of: {', '.join(ARCHS)} (pooling models: "
@@ -156,22 +169,12 @@ def make_tiny_model(folder: str | Path, *, arch: str = "llama", seed: int = 0,
     # does not depend on how requests happen to be batched
     tensors = {k: _random(k, shape, arch.startswith("gemma"), g, init_std).contiguous()
                for k, shape in _checkpoint_shapes(config).items()}
-    tmp = folder.with_name(folder.name + ".partial")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    tok.save(str(tmp / "tokenizer.json"))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (tmp / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": bos, "eos_token_id": [eos, im_end]}, indent=2) + "\n")
-    (tmp / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": IM_END,
-         "pad_token": EOS, "model_max_length": SHAPE["max_position_embeddings"],
-         "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
-    if folder.exists():
-        folder.rmdir()
-    tmp.rename(folder)  # nothing half-written under the name the user gave
+    with checkpoint_folder(folder, tensors, tok, config) as tmp:
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": bos, "eos_token_id": [eos, im_end]}, indent=2) + "\n")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": IM_END,
+             "pad_token": EOS, "model_max_length": SHAPE["max_position_embeddings"],
+             "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False},
+            indent=2) + "\n")
     return folder

@@ -12,7 +12,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.tiny_model import ARCHS, CORPUS, SHAPE, _checkpoint_shapes, _random, check_new_folder
+from engine.tiny_model import (
+    ARCHS,
+    CORPUS,
+    SHAPE,
+    _checkpoint_shapes,
+    _random,
+    check_new_folder,
+    checkpoint_folder,
+)
 
 _ENCODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, max_position_embeddings=512, hidden_act="gelu",
@@ -76,10 +84,8 @@ def make_tiny_pooling_model(folder: str | Path, *, arch: str = "bert", seed: int
                             sizes: dict | None = None) -> Path:
     """Write the checkpoint into folder (created; must be empty or absent);
     sizes: config.json sizes instead of the tiny ones (the benchmarks')."""
-    import shutil
 
     import torch
-    from safetensors.torch import save_file
 
     if arch not in POOLING_ARCHS:
         raise ValueError(f"--arch {arch!r} is not one of: {', '.join(POOLING_ARCHS)}")
@@ -104,15 +110,9 @@ def make_tiny_pooling_model(folder: str | Path, *, arch: str = "bert", seed: int
         h = config["hidden_size"]  # the base model's pooler, as its checkpoints carry (unread)
         tensors["pooler.dense.weight"] = _random("pooler", (h, h), False, g, init_std)
         tensors["pooler.dense.bias"] = torch.zeros(h)
-    tmp = folder.with_name(folder.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    tok.save(str(tmp / "tokenizer.json"))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tok_config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": pad,
+        # RoBERTa's positions start past the padding id: two fewer
         "model_max_length": config["max_position_embeddings"] - (2 if family == "roberta" else 0),
         "clean_up_tokenization_spaces": False}
     if cls is not None:
@@ -122,13 +122,11 @@ def make_tiny_pooling_model(folder: str | Path, *, arch: str = "bert", seed: int
     # BERT's tokenizers send token types (a pair's second text is type 1); RoBERTa's do not
     tok_config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"] \
         if family == "bert" else ["input_ids", "attention_mask"]
-    (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
-    if st_pooling is not None:
-        _sentence_transformers_files(tmp, st_pooling, config["hidden_size"],
-                                     tok_config["model_max_length"])
-    if folder.exists():
-        folder.rmdir()
-    tmp.rename(folder)  # nothing half-written under the name the user gave
+    with checkpoint_folder(folder, tensors, tok, config) as tmp:
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+        if st_pooling is not None:
+            _sentence_transformers_files(tmp, st_pooling, config["hidden_size"],
+                                         tok_config["model_max_length"])
     return folder
 
 

@@ -209,6 +209,24 @@ class Worker:
         self.log.close()
 
 
+class BestOfWorker(Worker):
+    """A Worker whose answers ({"tokens", "seconds", ...}) are kept per request,
+    the fastest of the rounds run: `name` labels its side of a comparison."""
+
+    def __init__(self, cmd: list[str], env, log, name: str,
+                 rss_interval: float | None = None):
+        super().__init__(cmd, env, log, f"{name} run", rss_interval)
+        self.name, self.best = name, {}
+
+    def run(self, request: str) -> None:
+        r = self.ask(request)
+        if request not in self.best or r["seconds"] < self.best[request]["seconds"]:
+            self.best[request] = r
+
+    def rate(self, request: str) -> float:
+        return self.best[request]["tokens"] / self.best[request]["seconds"]
+
+
 # --- benchmarks/RESULTS.md: the one file measured figures live in ----------
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

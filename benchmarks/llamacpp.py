@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets, Worker, add_check_argument
+from benchmarks.common import BestOfWorker, Targets, add_check_argument
 from benchmarks.models import MAX_POS, make_model, prompt_ids
 
 REPO = Path(_HERE).parent
@@ -81,20 +81,11 @@ def child(kind: str, model: str, tokenizer: str, dtype: str, new: int, threads: 
         print("RESULT " + json.dumps({"tokens": tokens, "seconds": dt, "ids": ids}), flush=True)
 
 
-class Side(Worker):
+class Side(BestOfWorker):
     def __init__(self, kind: str, model: Path, a, env, log: Path, name: str):
         super().__init__([sys.executable, __file__, "--child", kind, "--model", str(model),
                           "--tokenizer", str(a.tokenizer), "--dtype", a.dtype, "--new",
-                          str(a.new), "--nthreads", str(a.nthreads)], env, log, f"{name} run")
-        self.name, self.best = name, {}
-
-    def run(self, request: str) -> None:
-        r = self.ask(request)
-        if request not in self.best or r["seconds"] < self.best[request]["seconds"]:
-            self.best[request] = r
-
-    def rate(self, request: str) -> float:
-        return self.best[request]["tokens"] / self.best[request]["seconds"]
+                          str(a.new), "--nthreads", str(a.nthreads)], env, log, name)
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets, Worker, add_check_argument
+from benchmarks.common import BestOfWorker, Targets, add_check_argument
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 
 BATCHES = (1, 16)  # decode requests
@@ -79,19 +79,10 @@ def child(kind: str, model: str, new: int) -> None:
         print("RESULT " + json.dumps({"tokens": tokens, "seconds": dt, "ids": ids}), flush=True)
 
 
-class Side(Worker):
+class Side(BestOfWorker):
     def __init__(self, python: str, kind: str, model: str, new: int, env, log: Path, name: str):
         super().__init__([python, __file__, "--child", kind, "--model", model, "--new", str(new)],
-                         env, log, f"{name} run", rss_interval=0.25)
-        self.name, self.best = name, {}
-
-    def run(self, request: str) -> None:
-        r = self.ask(request)
-        if request not in self.best or r["seconds"] < self.best[request]["seconds"]:
-            self.best[request] = r
-
-    def rate(self, request: str) -> float:
-        return self.best[request]["tokens"] / self.best[request]["seconds"]
+                         env, log, name, rss_interval=0.25)
 
 
 def main() -> int:

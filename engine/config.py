@@ -53,7 +53,7 @@ class ModelConfig:
         return self.rope
 
     @classmethod
-    def from_dir(cls, path: Path) -> "ModelConfig":
+    def from_dir(cls, path: Path) -> ModelConfig:
         path = Path(path)
         try:
             cfg = json.loads((path / "config.json").read_text())

@@ -12,11 +12,10 @@ import torch
 
 from engine import envs
 from engine.config import ModelConfig
-from engine.model_executor.layers.parallel import (TP_ARCHITECTURES, check_shardable,
-                                                  check_stages)
+from engine.model_executor.layers.parallel import TP_ARCHITECTURES, check_shardable, check_stages
 from engine.model_source import resolve_model
-from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.platforms import current as current_platform
+from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.spec_decode.config import SpeculativeConfig
 from engine.transformers_utils.gguf_folder import gguf_file
 
@@ -67,9 +66,10 @@ class EngineConfig:
 
 def available_memory_bytes() -> int | None:
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 CPU_ISA_CHOICES = ("auto", "avx512_bf16", "avx512", "avx2", "neon_bf16", "neon", "generic")
 CPU_MAX_ISA_CHOICES = ("avx512", "avx2", "generic")
@@ -128,7 +128,8 @@ def kvcache_space_bytes(env: Mapping[str, str] | None = None) -> int:
     try:
         gib = float(raw) if raw else 0.0
     except ValueError:
-        raise EnvError(f"VLLM_CPU_KVCACHE_SPACE={raw!r} is not a number of GiB (e.g. 4 or 0.5)") from None
+        raise EnvError(
+            f"VLLM_CPU_KVCACHE_SPACE={raw!r} is not a number of GiB (e.g. 4 or 0.5)") from None
     if gib < 0 or gib != gib or gib == float("inf"):
         raise EnvError(f"VLLM_CPU_KVCACHE_SPACE={raw!r} must be a positive number of GiB")
     return int((gib or DEFAULT_KVCACHE_GIB) * (1 << 30))

@@ -128,9 +128,9 @@ class SamplingParams:
         check(all(isinstance(s, str) and s for s in self.stop),
               "stop must be non-empty strings")
         # their upper bound is the engine's max_logprobs (InputProcessor.check_logprobs)
-        check(self.logprobs is None or 0 <= self.logprobs,
+        check(self.logprobs is None or self.logprobs >= 0,
               f"logprobs must be >= 0, got {self.logprobs}")
-        check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs,
+        check(self.prompt_logprobs is None or self.prompt_logprobs >= 0,
               f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
         check(self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
               "allowed_token_ids must hold at least one token id")

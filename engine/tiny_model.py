@@ -11,7 +11,17 @@ from typing import Any
 
 # Enough text for the tokenizer to learn common English pieces; any text still
 # encodes, since a byte-level BPE falls back to single bytes.
-CORPUS = ["The quick brown fox jumps over the lazy dog. Hello, how are you today? I am fine, thank you.", "What is the capital of France? Paris is the capital of France. Tell me a story about a cat.", "Once upon a time there was a small engine that served language models on a laptop.", "Write a poem about the sea. The sea is wide and blue, and the wind moves over the water.", "Explain how a computer works. A computer reads instructions and numbers from memory.", "You are a helpful assistant. The user asks a question and the assistant answers it.", "one two three four five six seven eight nine ten hundred thousand million", "Monday Tuesday Wednesday Thursday Friday Saturday Sunday morning evening night", ""]
+CORPUS = [
+    'The quick brown fox jumps over the lazy dog. Hello, how are you today? I am fine, thank you.',
+    'What is the capital of France? Paris is the capital of France. Tell me a story about a cat.',
+    'Once upon a time there was a small engine that served language models on a laptop.',
+    'Write a poem about the sea. The sea is wide and blue, and the wind moves over the water.',
+    'Explain how a computer works. A computer reads instructions and numbers from memory.',
+    'You are a helpful assistant. The user asks a question and the assistant answers it.',
+    'one two three four five six seven eight nine ten hundred thousand million',
+    'Monday Tuesday Wednesday Thursday Friday Saturday Sunday morning evening night',
+    '',
+]
 
 BOS, EOS, IM_START, IM_END = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"
 # ChatML, the format many small chat models use.

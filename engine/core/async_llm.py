@@ -11,13 +11,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from engine.core.core_client import AsyncMPClient, CoreProcess
 from engine.core.input_processor import OFFLOAD_CHARS, InputProcessor
 from engine.core.messages import EngineCoreOutputs, EngineCoreReady, SchedulerStats
-from engine.core.output_processor import (EngineDeadError, OutputProcessor, RequestFailedError,
-                                          RequestState, RequestUpdate, merged)
+from engine.core.output_processor import (
+    EngineDeadError,
+    OutputProcessor,
+    RequestFailedError,
+    RequestState,
+    RequestUpdate,
+    merged,
+)
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 

@@ -19,8 +19,13 @@ import zmq
 import zmq.asyncio
 
 from engine.core.engine_core_proc import CoreAddresses, EngineCoreProc, run_engine_core
-from engine.core.messages import (EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
-                                  Handshake, RequestType)
+from engine.core.messages import (
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    Handshake,
+    RequestType,
+)
 
 logger = logging.getLogger("engine")
 

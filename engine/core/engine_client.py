@@ -4,7 +4,8 @@ import-linter contracts in pyproject.toml. AsyncLLM is the one
 implementation; a test can stand in another."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, AsyncIterator, Protocol
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -21,8 +21,13 @@ import msgspec
 import zmq
 
 from engine.core.chunk_sizer import PromptChunkSizer
-from engine.core.messages import (EngineCoreFailed, EngineCoreOutputs, EngineCoreReady,
-                                  EngineCoreRequest, RequestType)
+from engine.core.messages import (
+    EngineCoreFailed,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    RequestType,
+)
 
 logger = logging.getLogger("engine")
 

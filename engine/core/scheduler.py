@@ -119,12 +119,12 @@ class Scheduler:
         max_len = self.max_model_len if self.max_model_len is not None else 1 << 62
         for seq, token in zip(out.sampled, tokens):
             new, status = self._append(seq, token, max_len)
-            if seq.grammar is not None and self.structured_output is not None:
-                # never drafted (EngineCore): `token` is its one new token. A grammar
-                # that is complete, or (ignore_eos, min_tokens) refuses the only
-                # tokens left, ends the request: nothing more may follow
-                if not self.structured_output.accept(seq, token) and status is None:
-                    status = RequestStatus.FINISHED_STOPPED
+            # never drafted (EngineCore): `token` is its one new token. A grammar
+            # that is complete, or (ignore_eos, min_tokens) refuses the only
+            # tokens left, ends the request: nothing more may follow
+            if (seq.grammar is not None and self.structured_output is not None
+                    and not self.structured_output.accept(seq, token) and status is None):
+                status = RequestStatus.FINISHED_STOPPED
             o = EngineCoreOutput(seq.request_id, new)
             if seq.params.logprobs is not None:
                 o.new_logprobs = seq.logprobs[-1:]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence as Seq
 
 from engine.core.input_processor import InputProcessor, load_tokenizer
 from engine.core.output_processor import OutputProcessor, RequestState
@@ -63,8 +63,9 @@ class LLM(PoolingMixin):
 
     # ---- generation ----------------------------------------------------------
 
-    def generate(self, prompts=None, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 *, prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
+    def generate(self, prompts=None,
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
+                 prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in prompt order. Prompts are strings,
         token id lists (or given as prompt_token_ids=), or upstream's prompt
         dicts: {"prompt": text} and {"prompt_token_ids": ids}."""

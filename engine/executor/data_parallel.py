@@ -22,11 +22,11 @@ from multiprocessing.connection import wait
 
 from engine.core.engine_core import EngineCore
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from engine.spec_decode import metrics as spec_metrics
 from engine.distributed.parallel_state import RankDiedError, replica_bindings
 from engine.engine_args import create_engine_config
-from engine.spawn import main_not_rerun
 from engine.executor import dp_replica
+from engine.spawn import main_not_rerun
+from engine.spec_decode import metrics as spec_metrics
 
 logger = logging.getLogger("engine")
 

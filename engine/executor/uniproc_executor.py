@@ -7,12 +7,11 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import replica_bindings
 from engine.engine_args import EngineConfig
-from engine.platforms import current as current_platform
 from engine.platforms import cpu_binding, cpu_preload
+from engine.platforms import current as current_platform
 from engine.worker.cpu_worker import build_pooling_runner, build_runner
 from engine.worker.model_runner import ModelRunner
 from engine.worker.pooling_model_runner import PoolingModelRunner
-
 
 
 class UniProcExecutor:

@@ -125,7 +125,7 @@ def load_weights(model: CausalLM, path: Path,
                     name, part = mapping[key]
                     dest: torch.Tensor = params[name]
                     if part is not None:
-                        bounds = _bounds(getattr(dest, "shard_sizes"))  # a fused parameter's
+                        bounds = _bounds(dest.shard_sizes)  # type: ignore[attr-defined]  # a fused one
                         dest = dest[bounds[part]:bounds[part + 1]]
                     rows = checkpoint_slice(model.config, key)  # tensor parallel: this rank's
                     if rows is None:

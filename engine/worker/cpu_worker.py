@@ -8,15 +8,14 @@ import logging
 from engine import envs
 from engine.core.kv_cache_manager import BlockManager
 from engine.engine_args import EngineConfig
+from engine.model_executor.gguf_loader import load_gguf
 from engine.model_executor.layers import quantization
 from engine.model_executor.layers.linear import log_cpu_linear_choice
-from engine.model_executor.gguf_loader import load_gguf
 from engine.model_executor.model_loader import load_weights
 from engine.model_executor.models.adapters import as_embedding_model
 from engine.model_executor.models.registry import POOLING_ARCHITECTURES, model_class
-from engine.platforms import ZenCpuPlatform
+from engine.platforms import ZenCpuPlatform, cpu_hugepages, cpu_malloc
 from engine.platforms import current as current_platform
-from engine.platforms import cpu_hugepages, cpu_malloc
 from engine.platforms.cpu_features import PLAIN
 from engine.transformers_utils.gguf_folder import gguf_file
 from engine.worker.model_runner import ModelRunner

@@ -4,7 +4,6 @@ partial prefill chunk computes K/V only: its logits are never made)."""
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass

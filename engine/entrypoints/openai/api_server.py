@@ -12,21 +12,34 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from engine.entrypoints.openai.request_limits import BodySizeLimit
-from engine.entrypoints.openai.serving_tokens import add_token_routes
-from engine.entrypoints.openai.serving_chat import create_chat_completion
-from engine.entrypoints.openai.serving_completion import create_completion
-from engine.entrypoints.openai.serving_pooling import (ClassificationRequest, EmbeddingRequest,
-                                                       create_classification, create_embedding)
-from engine.entrypoints.openai.serving_responses import ResponsesRequest, create_response
 from engine.entrypoints.openai.http_metrics import HttpMetrics
 from engine.entrypoints.openai.openapi_errors import PROBE_RESPONSES, document_errors
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from engine.entrypoints.openai.request_id import RequestIdHeader
-from engine.entrypoints.openai.serving_score import (RerankRequest, ScoreRequest, create_rerank,
-                                                     create_score)
-from engine.entrypoints.openai.serving_engine import (APIError, ServerState, error_response,
-                                                      json_body, serve_options)
+from engine.entrypoints.openai.request_limits import BodySizeLimit
+from engine.entrypoints.openai.serving_chat import create_chat_completion
+from engine.entrypoints.openai.serving_completion import create_completion
+from engine.entrypoints.openai.serving_engine import (
+    APIError,
+    ServerState,
+    error_response,
+    json_body,
+    serve_options,
+)
+from engine.entrypoints.openai.serving_pooling import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    create_classification,
+    create_embedding,
+)
+from engine.entrypoints.openai.serving_responses import ResponsesRequest, create_response
+from engine.entrypoints.openai.serving_score import (
+    RerankRequest,
+    ScoreRequest,
+    create_rerank,
+    create_score,
+)
+from engine.entrypoints.openai.serving_tokens import add_token_routes
 
 logger = logging.getLogger("engine")
 

@@ -6,13 +6,17 @@ metadata, ...) and unknown ones are ignored, as upstream ignores them.
 Numbers and ids are strict: "1" is not an int, true is not a token id."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
-                      StrictStr)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from engine.sampling_params import (INT64_MAX, INT64_MIN, SAMPLING_EPS,
-                                    SamplingParams, with_model_defaults)
+from engine.sampling_params import (
+    INT64_MAX,
+    INT64_MIN,
+    SAMPLING_EPS,
+    SamplingParams,
+    with_model_defaults,
+)
 
 Seed = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
 
@@ -160,7 +164,7 @@ class _Sampling(_VllmFields):
             prompt_logprobs=self.num_prompt_logprobs(), **self.vllm_fields())
 
 
-Prompt = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+Prompt = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 class CompletionRequest(_Sampling):
@@ -210,7 +214,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: passed to the template
 
     role: StrictStr
-    content: Union[StrictStr, list[dict], None] = None
+    content: StrictStr | list[dict] | None = None
 
 
 class ChatCompletionRequest(_Sampling):

@@ -116,13 +116,13 @@ def serve(args) -> int:
 def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) -> int:
     import uvicorn
 
+    from engine.core import cpu_share
     from engine.core.async_llm import AsyncLLM
+    from engine.entrypoints.openai import connection_limits
     from engine.entrypoints.openai.api_server import ServerState, build_app, serve_options
     from engine.entrypoints.openai.metrics import Metrics
     from engine.entrypoints.openai.request_limits import default_max_body_bytes
     from engine.entrypoints.openai.stream_pacer import parse_interval
-    from engine.core import cpu_share
-    from engine.entrypoints.openai import connection_limits
 
     names = args.served_model_name or [args.model]
     metrics = Metrics(names[0], engine_totals=client.client_index == 0,

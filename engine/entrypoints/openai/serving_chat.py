@@ -13,15 +13,25 @@ from engine.entrypoints.openai.chat_tools import ToolError, ToolMode, ToolStream
 from engine.entrypoints.openai.logprobs import AsTokenIds, chat_logprobs, vllm_prompt_logprobs
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.serving_beam import beam_answer
+from engine.entrypoints.openai.serving_engine import (
+    APIError,
+    Chunks,
+    ServerState,
+    admit,
+    check_prompt_fits,
+    check_request,
+    failure_response,
+    full_answer,
+    output_constraint,
+    run,
+    run_to_end,
+    sse,
+    unless_disconnected,
+    usage,
+    usage_per_chunk,
+    wants_usage,
+)
 from engine.entrypoints.openai.serving_inputs import make_sequences, request_id
-from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
-                                                      check_prompt_fits,
-                                                      check_request,
-                                                      failure_response, full_answer,
-                                                      output_constraint,
-                                                      run, run_to_end, sse,
-                                                      unless_disconnected, usage,
-                                                      usage_per_chunk, wants_usage)
 from engine.reasoning import ReasoningParser, ReasoningStream, get_reasoning_parser
 
 # the template's own arguments: chat_template_kwargs may not name them

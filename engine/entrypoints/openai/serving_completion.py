@@ -8,18 +8,32 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from engine.entrypoints.openai.logprobs import (AsTokenIds, completion_logprobs,
-                                                prompt_entries, vllm_prompt_logprobs)
+from engine.entrypoints.openai.logprobs import (
+    AsTokenIds,
+    completion_logprobs,
+    prompt_entries,
+    vllm_prompt_logprobs,
+)
 from engine.entrypoints.openai.protocol import CompletionRequest
-from engine.entrypoints.openai.serving_engine import (APIError, Chunks, ServerState, admit,
-                                                      check_fan_out,
-                                                      check_request,
-                                                      failure_response, full_answer,
-                                                      output_constraint,
-                                                      run, run_to_end, sse,
-                                                      unless_disconnected, usage,
-                                                      usage_per_chunk, wants_usage)
 from engine.entrypoints.openai.serving_beam import beam_answer
+from engine.entrypoints.openai.serving_engine import (
+    APIError,
+    Chunks,
+    ServerState,
+    admit,
+    check_fan_out,
+    check_request,
+    failure_response,
+    full_answer,
+    output_constraint,
+    run,
+    run_to_end,
+    sse,
+    unless_disconnected,
+    usage,
+    usage_per_chunk,
+    wants_usage,
+)
 from engine.entrypoints.openai.serving_inputs import make_sequences, prompt_ids, request_id
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default

@@ -8,21 +8,20 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.core.async_llm import (EngineDeadError, QueueFullError, RequestFailedError,
-                                   RequestUpdate)
+from engine.core.async_llm import EngineDeadError, QueueFullError, RequestFailedError, RequestUpdate
 from engine.core.engine_client import EngineClient
+from engine.entrypoints.openai import structured_outputs
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
 from engine.entrypoints.openai.request_limits import prompt_surely_too_long
 from engine.entrypoints.openai.structured_outputs import StructuredOutputError
-from engine.entrypoints.openai import structured_outputs
 from engine.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",

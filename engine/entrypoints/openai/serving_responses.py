@@ -12,15 +12,20 @@ import secrets
 import time
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, Number
 from engine.entrypoints.openai.serving_chat import chat_sequences
-from engine.entrypoints.openai.serving_engine import (APIError, ServerState, admit,
-                                                      failure_response, run,
-                                                      run_to_end, sse,
-                                                      unless_disconnected)
+from engine.entrypoints.openai.serving_engine import (
+    APIError,
+    ServerState,
+    admit,
+    failure_response,
+    run,
+    run_to_end,
+    sse,
+    unless_disconnected,
+)
 
 
 class ResponsesRequest(BaseModel):

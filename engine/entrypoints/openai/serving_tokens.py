@@ -13,7 +13,6 @@ from engine.entrypoints.openai.protocol import ChatMessage
 from engine.entrypoints.openai.serving_chat import render_chat
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, json_body
 
-
 # json.dumps of a list is one C call that holds the GIL: 5.4 million ids (a
 # 10 MB /tokenize) held the event loop 6 s. Longer answers are written in a
 # worker thread, a slice of ids at a time, the event loop running between.

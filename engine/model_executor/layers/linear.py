@@ -5,7 +5,7 @@ panels (csrc/cpu/linear_impl.h), oneDNN's prepacked layout, or torch's plain
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
+from functools import cache
 from typing import Protocol
 
 import torch
@@ -25,7 +25,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-@lru_cache(maxsize=None)
+@cache
 def cpu_linear_choice(dtype: torch.dtype) -> cpu_features.LinearChoice:
     """How this CPU runs linear layers of `dtype` (decided once per dtype per process)."""
     from engine import envs
@@ -58,7 +58,7 @@ def pack_panels(weight: torch.Tensor, k_pack: int = 1) -> torch.Tensor:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def cpu_large_m_choice(dtype: torch.dtype) -> cpu_features.LargeMChoice:
     """From how many rows panel layers of `dtype` switch to oneDNN / F.linear."""
     from engine import envs

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.model_executor.layers import parallel
 from engine.model_executor.layers.activation import SiluAndMul
 from engine.model_executor.layers.attention import Attention
-from engine.model_executor.layers import parallel
 from engine.model_executor.layers.linear import Linear
 from engine.model_executor.layers.norm import RMSNorm
 from engine.model_executor.layers.rotary import RotaryEmbedding
@@ -19,7 +19,8 @@ from engine.model_executor.models.weights import CausalLM, checkpoint_map, param
 # checkpoint suffix in a layer -> (our parameter, part of a fused one)
 _LAYER = {
     "self_attn.q_proj.weight": ("qkv.weight", 0), "self_attn.k_proj.weight": ("qkv.weight", 1),
-    "self_attn.v_proj.weight": ("qkv.weight", 2), "self_attn.o_proj.weight": ("o_proj.weight", None),
+    "self_attn.v_proj.weight": ("qkv.weight", 2),
+    "self_attn.o_proj.weight": ("o_proj.weight", None),
     "mlp.gate_proj.weight": ("gate_up.weight", 0), "mlp.up_proj.weight": ("gate_up.weight", 1),
     "mlp.down_proj.weight": ("down.weight", None),
     "input_layernorm.weight": ("input_layernorm.weight", None),

@@ -4,6 +4,7 @@ that needs them, so that `engine --help` stays fast."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -224,6 +225,18 @@ def _client_parser(sub, name: str, help: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine import interrupts
+
+    previous = interrupts.install(argv[0] if argv else sys.argv[1] if len(sys.argv) > 1 else "")
+    try:
+        return _main(argv)
+    finally:  # cli.main called in-process (tests, scripts) leaves SIGINT as it was
+        interrupts.take_over()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="engine")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -349,10 +362,11 @@ def serve(args) -> int:
     from engine import envs
     from engine.entrypoints.openai.cli_args import check_args
     from engine.entrypoints.openai.serve import serve as run
+    from engine.logger import init_logging
 
     check_args(args)
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
+    init_logging(logging.INFO, "%(levelname)s %(asctime)s %(message)s")
     args.api_key = args.api_key or envs.api_key()
     return run(args)
 

@@ -193,3 +193,49 @@ def test_ctrl_c_before_a_command_handles_it_is_one_line(monkeypatch, capsys):
     monkeypatch.setitem(cli.COMMANDS, "env", interrupted)
     assert cli.main(["env"]) == 130
     assert capsys.readouterr().err.strip() == "engine env: interrupted"
+
+
+SWALLOWS_CTRL_C = """
+import time, sys
+from engine import cli
+
+def swallowing(args):  # as torch's import does: C code clears the KeyboardInterrupt
+    print("ready", flush=True)
+    try:
+        time.sleep(30)
+    except BaseException:
+        pass
+    time.sleep(30)
+    return 0
+
+cli.COMMANDS["env"] = swallowing
+sys.exit(cli.main(["env"]))
+"""
+
+
+def test_ctrl_c_that_a_library_swallows_still_ends_the_command_within_a_second():
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", SWALLOWS_CTRL_C], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=20) == 130
+        took = time.monotonic() - t0
+        assert took < 10, took  # the watchdog's 1 s, not the command's 30 s
+        assert p.stderr.read().strip() == "engine env: interrupted"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_cli_main_in_process_leaves_the_sigint_handler_as_it_was(monkeypatch):
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setitem(cli.COMMANDS, "env", lambda args: 0)
+    assert cli.main(["env"]) == 0
+    assert signal.getsignal(signal.SIGINT) is before

@@ -28,6 +28,7 @@ from engine.core.messages import (
     EngineCoreRequest,
     RequestType,
 )
+from engine.logger import init_logging
 
 logger = logging.getLogger("engine")
 
@@ -250,8 +251,7 @@ def run_engine_core(model: str, dtype: str, engine_args: dict, addresses: CoreAd
     # Ctrl-C reaches the whole process group: the API server decides, and tells us
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    logging.basicConfig(level=log_level, format="%(levelname)s engine core: %(message)s",
-                        stream=sys.stderr)
+    init_logging(log_level, "%(levelname)s engine core: %(message)s", sys.stderr)
     ctx = zmq.Context()
     outputs = connect_outputs(ctx, addresses)
     encoder = msgspec.msgpack.Encoder()

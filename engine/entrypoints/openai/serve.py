@@ -20,6 +20,9 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
+from engine import interrupts
+from engine.logger import init_logging
+
 logger = logging.getLogger("engine")
 
 STOP_POLL_S = 0.05
@@ -93,6 +96,7 @@ def serve(args) -> int:
     stop_asked: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop_asked.append(signum))
+    stop_asked += interrupts.take_over()  # one a library swallowed
     core = CoreProcess(str(front.path), args.dtype, cli_engine_args(args), clients=count)
     if count > 1:
         return _serve_many(args, listener, core, stop_asked)
@@ -297,8 +301,7 @@ def _api_server_main(args, listener, addresses, core_pid: int, index: int) -> No
     """One of N API server processes: a client of the shared core."""
     from engine.core.core_client import AsyncMPClient, SharedCore
 
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(levelname)s API server {index}: %(message)s")
+    init_logging(logging.INFO, f"%(levelname)s API server {index}: %(message)s")
     stop_asked: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop_asked.append(signum))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What chroot'ed aarch64 programs need from the kernel, for the root file
 # system ci/setup-aarch64.sh made; mounts do not survive a reboot, so both
-# that script and tests/test_aarch64.py call this (idempotent, as root).
+# that script and tests/toolchain/test_aarch64.py call this (idempotent, as root).
 #
 # qemu-user (Debian 12's 7.2) passes the x86 host's /proc/cpuinfo through and
 # emulates no /sys. torch's cpuinfo then fails to initialize, and with it

@@ -36,7 +36,7 @@ if [ "$variant" = cpu ]; then
   # bfloat16 (both linear-layer modes) against transformers: a wheel whose bf16
   # path is broken on the builder is never published.
   "$UV" pip install -q --python "$venv/bin/python" "$(grep -E "^transformers" "$REPO/requirements/dev.txt")"
-  "$venv/bin/python" -m pytest -q -ra -p no:cacheprovider "$REPO/tests/test_ops.py" \
-    "$REPO/tests/test_engine.py" -k "test_ops or greedy_matches_transformers or bfloat16_generation"
+  "$venv/bin/python" -m pytest -q -ra -p no:cacheprovider "$REPO/tests/kernels/test_ops.py" \
+    "$REPO/tests/engine/test_engine.py" -k "test_ops or greedy_matches_transformers or bfloat16_generation"
 fi
 echo "smoke test passed: $(basename "$wheel")"

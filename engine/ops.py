@@ -12,7 +12,7 @@ from engine import reference
 from engine._kernels import load
 
 #: Every kernel op, as csrc/torch_bindings.cpp registers it for each device
-#: (tests/test_ops.py checks the two agree; ci/smoke-test.sh reads this list).
+#: (tests/kernels/test_ops.py checks the two agree; ci/smoke-test.sh reads this list).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.

@@ -94,7 +94,7 @@ class MyHermes(Hermes2ProToolParser):
 @pytest.fixture(scope="session")
 def agent_server(tmp_path_factory):
     """One `engine serve` on a tiny random model for structured outputs and
-    tool calling (tests/test_structured_outputs.py, tests/test_tool_calls.py):
+    tool calling (tests/engine/test_structured_outputs.py, tests/entrypoints/test_tool_calls.py):
     xgrammar named, a chat template that renders tools, auto tool choice read
     by a plugin's parser."""
     from test_serve import ServerProcess

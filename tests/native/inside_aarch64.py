@@ -1,5 +1,5 @@
 """Run on aarch64 (in the arm64 chroot under qemu, or natively) by
-tests/test_aarch64.py, in the same pytest session as test_ops.py and the greedy
+tests/toolchain/test_aarch64.py, in the same pytest session as test_ops.py and the greedy
 engine tests: one `import torch` for everything, since PyPI's aarch64 torch (a
 CUDA 13 build) takes about 45 CPU-seconds to import under qemu.
 
@@ -79,7 +79,7 @@ def test_greedy_output_matches_transformers(tmp_path):
     transformers' generate() wherever torch itself agrees with transformers.
     Under qemu, torch's own aarch64 numerics (the engine with no compiled
     kernels at all, one prompt at a time) depart from transformers on the
-    long prompt of this set; on x86_64 all six match (tests/test_engine.py)."""
+    long prompt of this set; on x86_64 all six match (tests/engine/test_engine.py)."""
     from helpers import make_checkpoint
     from test_engine import PROMPTS, hf_greedy
 

@@ -1,6 +1,6 @@
 // Every op of every compiled kernel table against a double-precision reference,
 // in float32 and bfloat16, without torch: the kernel files include no torch
-// header, so this driver links them directly (tests/test_aarch64_native.py
+// header, so this driver links them directly (tests/toolchain/test_aarch64_native.py
 // cross-compiles it and runs it under qemu in seconds).
 //
 // usage: kernel_check [isa...]   (default: every table this CPU can run)

@@ -2,7 +2,7 @@
 kernels run (wna16.pack_wna16): unsigned q [N, K], one scale and an integer
 zero point per group of K, and for the types with a minimum (Q4_1, Q5_1, the
 K-quants) a float min per group, W = (q - zero) * scale + min. Each is
-exactly the weight gguf.quants.dequantize gives (tests/test_gguf_blocks.py):
+exactly the weight gguf.quants.dequantize gives (tests/models/test_gguf_blocks.py):
 the scales are fp16 x int products, exact in float32, and the kernel forms
 (q - zero) * scale in float32 as the gguf package does.
 

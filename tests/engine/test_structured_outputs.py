@@ -27,7 +27,7 @@ class Person(BaseModel):
 
 
 @pytest.fixture
-def server(agent_server):  # one server with tests/test_tool_calls.py (conftest)
+def server(agent_server):  # one server with tests/entrypoints/test_tool_calls.py (conftest)
     return agent_server
 
 

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENVS = REPO / "engine" / "envs.py"
 DOC = REPO / "docs" / "environment-variables.md"
 

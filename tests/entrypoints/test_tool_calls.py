@@ -41,7 +41,7 @@ SAMPLED = {"temperature": 1.0, "seed": 3}
 
 
 @pytest.fixture
-def server(agent_server):  # one server with tests/test_structured_outputs.py (conftest)
+def server(agent_server):  # one server with tests/engine/test_structured_outputs.py (conftest)
     return agent_server
 
 

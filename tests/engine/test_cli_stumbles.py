@@ -14,7 +14,7 @@ import pytest
 
 from engine import cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_version_is_printed_not_an_argparse_error(capsys):

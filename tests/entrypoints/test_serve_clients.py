@@ -1,7 +1,7 @@
 """The clients people point at an OpenAI-compatible server, against
 `engine serve`: the OpenAI SDK's naive streaming loops, langchain-openai and
 litellm, whole and streamed; each answer is the server's own greedy one.
-A real server process on 127.0.0.1 (tests/test_serve.py's)."""
+A real server process on 127.0.0.1 (tests/entrypoints/test_serve.py's)."""
 from __future__ import annotations
 
 import os

@@ -19,7 +19,7 @@ FAST = ("llama", "qwen3_moe")
 
 def test_every_supported_architecture_has_a_tiny_model():
     """The generative ones here; the pooling ones (encoders, rerankers) in
-    tests/test_pooling.py, against sentence-transformers."""
+    tests/engine/test_pooling.py, against sentence-transformers."""
     from engine.model_executor.models.registry import POOLING_ARCHITECTURES
     from engine.tiny_pooling_model import POOLING_ARCHS
 

@@ -4,7 +4,7 @@ every variant wheel's `variant.json`, read as variantlib's own
 `generate-index-json` reads them (the label from the file name, checked against
 the one in variant.json). The cpu build has no properties, so it must be the
 null variant, labelled `null`. That uv 0.13 still installs it, and picks it where
-no CUDA driver is found: tests/test_variant_wheels_e2e.py."""
+no CUDA driver is found: tests/toolchain/test_variant_wheels_e2e.py."""
 from __future__ import annotations
 
 import json

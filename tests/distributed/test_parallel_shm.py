@@ -15,7 +15,7 @@ import torch
 from engine.distributed import shm_all_reduce
 from engine.distributed.shm_all_reduce import ShmAllReduce
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not shm_all_reduce.supported(), reason="x86 only")
 
 # One rank: sums tensors of several sizes (one small row up to a slot's 4 MiB)

@@ -1,7 +1,7 @@
 """`engine serve` as upstream vLLM serves: requests that used to stop the server,
 the sampling API through the `openai` SDK's typed responses, streams the
 SDK's naive loop reads, the text's separator, and upstream's small routes.
-A real server process on 127.0.0.1 (tests/test_serve.py's)."""
+A real server process on 127.0.0.1 (tests/entrypoints/test_serve.py's)."""
 from __future__ import annotations
 
 import json

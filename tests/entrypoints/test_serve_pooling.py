@@ -3,7 +3,7 @@ OpenAI SDK's embeddings.create (its default base64, and float) and
 langchain-openai's OpenAIEmbeddings, whose vectors equal
 sentence-transformers' on the same checkpoint; /rerank and /v1/rerank
 (Jina/Cohere shape) equal its CrossEncoder's scores. Real server processes
-on 127.0.0.1 (tests/test_serve.py's)."""
+on 127.0.0.1 (tests/entrypoints/test_serve.py's)."""
 from __future__ import annotations
 
 import numpy as np

@@ -19,7 +19,7 @@ from engine.distributed.parallel_state import pp_layer_range
 from engine.model_executor.layers.parallel import check_stages, stage_holds
 from helpers import make_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # the last two share 18 tokens: the second takes a part of the first's block (its rows copied
 # on each rank) when the prompts run again
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13], [1, 20], [1] + list(range(30, 47)) + [5],

@@ -20,7 +20,7 @@ from test_quantization import PROMPTS, engine_greedy
 from engine.cli import main as cli
 from engine.model_executor.layers.quantization.rtn import quantize
 
-PEER = Path(__file__).resolve().parent.parent / ".venvs" / "peer-vllm" / "bin" / "python"
+PEER = Path(__file__).resolve().parents[2] / ".venvs" / "peer-vllm" / "bin" / "python"
 
 
 def ct_unpack(packed: torch.Tensor, bits: int, shape) -> torch.Tensor:

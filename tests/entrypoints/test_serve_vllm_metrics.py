@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-PEER = Path(__file__).parent / "data" / "vllm_0.32_metrics.txt"
+PEER = Path(__file__).parents[1] / "data" / "vllm_0.32_metrics.txt"
 DASHBOARD = REPO / "docs" / "grafana-dashboard.json"
 # the peer's labels that name its configuration, not the series (cache_config_info's)
 CONFIG_INFO = "vllm:cache_config_info"

@@ -26,7 +26,7 @@ from helpers import make_checkpoint
 
 pytest.importorskip("ray", reason="ray is a dev requirement (requirements/ray.txt)")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).parent / "ray"
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13]]
 LOOPBACK = "::ffff:127.0.0.1"

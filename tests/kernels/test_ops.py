@@ -3,7 +3,7 @@ both x86 code paths where the processor has them, in float32 and bfloat16,
 on shapes that include odd sizes, one token, many sequences and GQA 1/4/8.
 
 This file also runs inside a fresh virtual environment against the repaired
-wheel (tests/test_wheel_e2e.py), so it imports only `engine` and torch.
+wheel (tests/toolchain/test_wheel_e2e.py), so it imports only `engine` and torch.
 """
 from __future__ import annotations
 

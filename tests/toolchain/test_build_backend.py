@@ -14,7 +14,7 @@ from tools.errors import UserError
 from tools.requirements import read_requirements, runtime_requirements
 from tools.version import with_variant
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("scm,variant,default,expected", [

@@ -249,7 +249,7 @@ def tp_greedy(path, tp: int, prompts) -> str:
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
            "VLLM_CPU_OMP_THREADS_BIND": "0|1" if tp == 2 else "0"}
     out = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(path), str(tp),
                           json.dumps(prompts)], env=env, capture_output=True, text=True,

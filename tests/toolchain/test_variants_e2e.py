@@ -38,7 +38,7 @@ def test_cu130_wheel_compiles_links_repairs_and_registers_cuda_ops(tmp_path: Pat
 
     py = make_venv(tmp_path / "venv", str(wheel))  # torch==2.13.0 (CUDA 13.0) from PyPI
     # the installed wheel's own op list (engine.ops.OP_NAMES, checked against the
-    # registrations by tests/test_ops.py), each with a CUDA kernel
+    # registrations by tests/kernels/test_ops.py), each with a CUDA kernel
     check = ("import torch, engine; print(engine.BUILD_INFO.variant, torch.version.cuda); "
              "print(*[torch._C._dispatch_has_kernel_for_dispatch_key('_C::' + op, 'CUDA') "
              "for op in engine.ops.OP_NAMES])")

@@ -16,7 +16,7 @@ from tools.accelerator import Machine, probe
 from tools.errors import UserError
 from tools.target import choose
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 V = Version
 
 CASES = [

@@ -106,8 +106,9 @@ def arm_results(aarch64_wheel, request, tmp_path_factory):
         scratch.mkdir(parents=True)
     try:
         (scratch / "tests").mkdir()
-        for name in ("test_ops.py", "test_engine.py", "helpers.py"):
-            shutil.copy(REPO / "tests" / name, scratch / "tests" / name)
+        # flat, as one folder: the three import one another by module name
+        for name in ("kernels/test_ops.py", "engine/test_engine.py", "helpers.py"):
+            shutil.copy(REPO / "tests" / name, scratch / "tests" / Path(name).name)
         shutil.copy(REPO / "tests" / "native" / "inside_aarch64.py", scratch / "tests")
         for pkg in ("tools", "wheel_index"):
             shutil.copytree(REPO / pkg, scratch / "src" / pkg,

@@ -19,7 +19,7 @@ from engine.engine_args import check_data_parallel
 from engine.executor.data_parallel import least_loaded
 from helpers import assert_dies_with_503, http_status, make_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13], [1, 20], [1, 30, 31]]
 
 # One engine front in a process of its own; prints the greedy ids and how

@@ -79,7 +79,7 @@ def _run_helper(which: Callable[[str], str | None], argv: list[str],
 
 def _pci_displays(root: Path) -> list[tuple[str, str]]:
     """(vendor, class) of every PCI display controller (class 0x03xxxx)."""
-    found = []
+    found: list[tuple[str, str]] = []
     devices = root / "sys/bus/pci/devices"
     try:
         entries = sorted(devices.iterdir())
@@ -106,8 +106,12 @@ def _torch_versions() -> tuple[str | None, str | None, str | None]:
     found: dict[str, str | None] = {}
     try:
         for node in ast.parse(path.read_text()).body:
-            target = (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1
-                      else node.target if isinstance(node, ast.AnnAssign) else None)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+            elif isinstance(node, ast.AnnAssign):
+                target = node.target
+            else:
+                continue
             if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value:
                 found[target.id] = ast.literal_eval(node.value)
     except (OSError, SyntaxError, ValueError) as exc:  # a broken install is a fact, not a crash

@@ -143,10 +143,10 @@ def test_commit(inst: Installer, commit: str, command: list[str]) -> Step:
 def bisect(root: Path, good: str, bad: str, command: list[str], index: str, variant: str,
            log=print) -> Result:
     g, b = gitutil.rev(root, good), gitutil.rev(root, bad)
-    for name, value in (("--good", good if g is None else None),
-                        ("--bad", bad if b is None else None)):
-        if value is not None:
-            raise UserError(f"{name} {value!r} is not a revision of the repository at {root}")
+    if g is None:
+        raise UserError(f"--good {good!r} is not a revision of the repository at {root}")
+    if b is None:
+        raise UserError(f"--bad {bad!r} is not a revision of the repository at {root}")
     if gitutil.git(root, "merge-base", "--is-ancestor", g, b, check=False) is None:
         raise UserError(f"--good {good} is not an ancestor of --bad {bad} on this history")
     between = (gitutil.git(root, "rev-list", "--first-parent", f"{g}..{b}") or "").split()

@@ -80,8 +80,9 @@ def sources_of_commit(root: Path, commit: str) -> str:
     files = []
     with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
         for m in tf.getmembers():
-            if m.isfile() and _under_inputs(m.name):
-                files.append((m.name, tf.extractfile(m).read()))
+            data = tf.extractfile(m) if m.isfile() and _under_inputs(m.name) else None
+            if data is not None:  # None only for links and folders, which isfile() left out
+                files.append((m.name, data.read()))
     return _digest(files)
 
 

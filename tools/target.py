@@ -13,7 +13,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -66,10 +65,9 @@ def torch_requirement(variant: Variant) -> str:
     ("torch" when use_existing_torch.py has removed the pins)."""
     if not variant.compiles:
         return "torch"
-    env = default_environment()
     for line in read_requirements(REQUIREMENTS_DIR / "torch" / f"{variant.label}.txt"):
         req = Requirement(line)
-        if req.marker is None or req.marker.evaluate(env):
+        if req.marker is None or req.marker.evaluate():  # against this interpreter's platform
             return f"{req.name}{req.specifier}"
     return "torch"
 

@@ -8,6 +8,7 @@ index folder, and the torch index the wheel's torch comes from.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tools.errors import UserError
@@ -104,12 +105,12 @@ def cuda_variant_for(version: str, source: str = "VLLM_MAIN_CUDA_VERSION") -> Va
     return VARIANTS[label]
 
 
-def main_cuda_variant(env: os._Environ[str] | dict[str, str] | None = None) -> Variant:
+def main_cuda_variant(env: Mapping[str, str] | None = None) -> Variant:
     env = os.environ if env is None else env
     return cuda_variant_for(env.get("VLLM_MAIN_CUDA_VERSION") or DEFAULT_MAIN_CUDA_VERSION)
 
 
-def is_default_variant(label: str, env=None) -> bool:
+def is_default_variant(label: str, env: Mapping[str, str] | None = None) -> bool:
     """The main CUDA variant is served without a variant folder and may drop its suffix."""
     return label == main_cuda_variant(env).label
 

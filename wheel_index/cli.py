@@ -14,13 +14,17 @@ from wheel_index.server import DEFAULT_THREADS
 from wheel_index.storage import LocalStorage, open_index
 
 
+def _index_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", required=True,
+                        help="a folder, file://folder or s3://bucket/prefix")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m wheel_index", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    idx = dict(required=True, help="a folder, file://folder or s3://bucket/prefix")
 
     pub = sub.add_parser("publish", help="store wheels under a commit and write its pages")
-    pub.add_argument("--index", **idx)
+    _index_argument(pub)
     pub.add_argument("--commit", required=True, help="the full 40-hex commit the wheels are of")
     pub.add_argument("--commit-time", help="commit time (epoch or ISO 8601); default: from git")
     pub.add_argument("--nightly", action="store_true", help="also move nightly to this commit")
@@ -37,20 +41,20 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"connections served at once (default {DEFAULT_THREADS}); more wait")
 
     pr = sub.add_parser("prune", help="remove old commits (never nightly's or a release's)")
-    pr.add_argument("--index", **idx)
+    _index_argument(pr)
     g = pr.add_mutually_exclusive_group(required=True)
     g.add_argument("--keep-days", type=int)
     g.add_argument("--keep-commits", type=int)
     pr.add_argument("--dry-run", action="store_true")
 
     ve = sub.add_parser("verify", help="check every page against the stored files")
-    ve.add_argument("--index", **idx)
+    _index_argument(ve)
     ve.add_argument("--full", action="store_true",
                     help="also read every wheel and check its sha256 (default: quick, sizes "
                          "from the listing)")
 
     ls = sub.add_parser("ls", help="what is published, newest first")
-    ls.add_argument("--index", **idx)
+    _index_argument(ls)
     ls.add_argument("--commit")
     ls.add_argument("--variant")
     return p

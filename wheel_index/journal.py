@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from tools.errors import UserError
 from wheel_index.documents import check_commit, check_variant, parse_json_object
-from wheel_index.levels import write_views
+from wheel_index.levels import Level, write_views
 from wheel_index.per_variant_level import PerVariantLevel
 from wheel_index.storage import Storage
 from wheel_index.variants_level import VariantsLevel
@@ -66,18 +66,20 @@ class Plan:
         release = plan.release_version
         if not isinstance(plan.commit_time, int) or not isinstance(release, (str, type(None))):
             raise UserError(f"{JOURNAL}: not a publish journal")
-        try:  # it names a folder: a normalized version, nothing else
-            if release is not None and str(Version(release)) != release:
-                raise InvalidVersion(release)
-        except InvalidVersion:
-            raise UserError(f"{JOURNAL}: release {release[:40]!r} is not a version") from None
+        if release is not None:  # it names a folder: a normalized version, nothing else
+            try:
+                if str(Version(release)) != release:
+                    raise InvalidVersion(release)
+            except InvalidVersion:
+                raise UserError(f"{JOURNAL}: release {release[:40]!r} is not a version") from None
         return plan
 
 
 def write_pages(storage: Storage, plan: Plan, log, result) -> None:
     """Render the plan's views; result.variants takes the variants level's."""
     storage.write_atomic(JOURNAL, json.dumps(asdict(plan), indent=1).encode())
-    levels = [(PerVariantLevel(plan.commit, v), result) for v in plan.variants]
+    levels: list[tuple[Level, PublishResult | None]] = [
+        (PerVariantLevel(plan.commit, v), result) for v in plan.variants]
     if plan.variants_level:
         levels.append((VariantsLevel(plan.commit), result.variants))
     for level, into in levels:

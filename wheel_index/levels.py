@@ -34,10 +34,21 @@ class Pages(NamedTuple):
 
 
 class Level(Protocol):
-    commit: str
-    name: str      # the folder under <commit>/
-    default: bool  # also shown without the folder: <commit>/, nightly/, <version>/
-    what: str      # what its wheels are called in messages
+    # Read-only members: a level may answer them with a frozen field or a property.
+    @property
+    def commit(self) -> str: ...
+
+    @property
+    def name(self) -> str:
+        """The folder under <commit>/."""
+
+    @property
+    def default(self) -> bool:
+        """Also shown without the folder: <commit>/, nightly/, <version>/."""
+
+    @property
+    def what(self) -> str:
+        """What its wheels are called in messages."""
 
     def pages(self, entries: list[WheelEntry], view_dir: str, pointer: dict) -> Pages: ...
 

@@ -260,7 +260,8 @@ def missing_architectures(arches_by_level: dict[str, tuple[int, set[str]]]) -> l
     """`<commit>/<variant>` levels lacking an architecture that an earlier commit
     of the variant has (by commit time): that architecture's build or publish did
     not happen. Commits from before an architecture was added are not reported."""
-    problems, seen = [], {}  # variant -> architectures of earlier commits
+    problems: list[str] = []
+    seen: dict[str, set[str]] = {}  # variant -> architectures of earlier commits
     for level, (_, arches) in sorted(arches_by_level.items(), key=lambda kv: (kv[1][0], kv[0])):
         variant = level.split("/")[1]
         earlier = seen.setdefault(variant, set())

@@ -61,14 +61,15 @@ def negotiate(accept: str) -> str:
     best, best_q = HTML_CT, 0.0
     for ctype, names in OFFERS:
         major = names[0].split("/")[0]
-        q, specificity = None, -1
+        offer_q: float | None = None
+        specificity = -1
         for media, mq in ranges:
             level = 2 if media in names else 1 if media == f"{major}/*" else \
                 0 if media == "*/*" else -1
             if level > specificity:
-                q, specificity = mq, level
-        if q is not None and q > best_q:
-            best, best_q = ctype, q
+                offer_q, specificity = mq, level
+        if offer_q is not None and offer_q > best_q:
+            best, best_q = ctype, offer_q
     return best
 
 
@@ -114,6 +115,9 @@ def byte_range(header: str, size: int) -> tuple[int, int] | None:
 class IndexHandler(http.server.BaseHTTPRequestHandler):
     root: Path
     root_real: str  # the root with every symlink resolved, once
+    # BaseHTTPRequestHandler.send_header's buffer (CPython; typeshed leaves it out):
+    # a small page is appended to it so headers and body leave in one write
+    _headers_buffer: list[bytes]
     server_version = "vllm-engine-index"
     protocol_version = "HTTP/1.1"
 

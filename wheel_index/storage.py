@@ -8,6 +8,7 @@ prune ever sees them. No published name starts with ".".
 """
 from __future__ import annotations
 
+import builtins
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -41,8 +42,9 @@ class Storage(ABC):
     @abstractmethod
     def upload_file(self, key: str, path: Path) -> None: ...
 
+    # In this class body `list` is the method below, so annotations say builtins.list.
     @abstractmethod
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         """Every key under prefix/ (recursively), sorted."""
 
     @abstractmethod
@@ -58,11 +60,11 @@ class Storage(ABC):
         """The stored object's ETag; None on a folder."""
 
     @abstractmethod
-    def list_dirs(self, prefix: str = "") -> list[str]:
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """The names of the immediate sub-folders of prefix."""
 
     @abstractmethod
-    def delete(self, keys: list[str]) -> None: ...
+    def delete(self, keys: builtins.list[str]) -> None: ...
 
     @abstractmethod
     def describe(self) -> str:

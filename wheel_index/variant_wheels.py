@@ -30,6 +30,7 @@ import json
 import struct
 import zipfile
 from pathlib import Path
+from typing import IO
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -48,6 +49,9 @@ NVIDIA_PROVIDER = {"requires": ["nvidia-variant-provider"],
                    "plugin-api": "nvidia_variant_provider.plugin:NvidiaVariantPlugin"}
 CUDA_LOWER_BOUND = "cuda_version_lower_bound"
 VARIANT_JSON = "variant.json"
+#: A member's local file header (zip APPNOTE 4.3.7; zipfile's structFileHeader, which
+#: typeshed does not declare): 30 bytes, the name's and extra field's lengths last.
+LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 
 
 #: PEP 825's label for the variant without properties (variantlib refuses any other)
@@ -138,16 +142,23 @@ def _set_version(metadata: bytes, version: str) -> bytes:
     raise UserError("METADATA has no Version header; not a valid wheel")
 
 
+def _open_fp(z: zipfile.ZipFile) -> IO[bytes]:
+    if z.fp is None:  # zipfile sets it to None on close()
+        raise ValueError(f"{z.filename}: the zip archive is already closed")
+    return z.fp
+
+
 def _copy_compressed(src: zipfile.ZipFile, info: zipfile.ZipInfo, dst: zipfile.ZipFile) -> str:
     """Copy one member's compressed bytes unchanged and return its RECORD hash.
 
     zipfile has no raw copy, and recompressing a CUDA build's extension costs
     seconds per 100 MB; the local header is rebuilt by ZipInfo.FileHeader and
     the bytes after it are taken as they are."""
-    src.fp.seek(info.header_offset)
-    fields = struct.unpack(zipfile.structFileHeader, src.fp.read(zipfile.sizeFileHeader))
-    src.fp.seek(info.header_offset + zipfile.sizeFileHeader + fields[10] + fields[11])
-    raw = src.fp.read(info.compress_size)
+    src_fp, dst_fp = _open_fp(src), _open_fp(dst)
+    src_fp.seek(info.header_offset)
+    fields = LOCAL_HEADER.unpack(src_fp.read(LOCAL_HEADER.size))
+    src_fp.seek(info.header_offset + LOCAL_HEADER.size + fields[10] + fields[11])
+    raw = src_fp.read(info.compress_size)
     digest = hashlib.sha256()
     with src.open(info) as f:  # also checks the CRC
         while chunk := f.read(1 << 20):
@@ -155,11 +166,11 @@ def _copy_compressed(src: zipfile.ZipFile, info: zipfile.ZipInfo, dst: zipfile.Z
     copy = zipfile.ZipInfo(info.filename, date_time=info.date_time)
     copy.compress_type, copy.external_attr = info.compress_type, info.external_attr
     copy.CRC, copy.compress_size, copy.file_size = info.CRC, info.compress_size, info.file_size
-    dst.fp.seek(dst.start_dir)
+    dst_fp.seek(dst.start_dir)
     copy.header_offset = dst.start_dir
-    dst.fp.write(copy.FileHeader(zip64=copy.file_size > zipfile.ZIP64_LIMIT))
-    dst.fp.write(raw)
-    dst.start_dir = dst.fp.tell()
+    dst_fp.write(copy.FileHeader(zip64=copy.file_size > zipfile.ZIP64_LIMIT))
+    dst_fp.write(raw)
+    dst.start_dir = dst_fp.tell()
     dst.filelist.append(copy)
     dst.NameToInfo[copy.filename] = copy
     return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()

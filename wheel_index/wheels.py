@@ -69,7 +69,9 @@ class WheelEntry:
         missing = [n for n, f in known.items() if n not in doc and f.default is MISSING]
         if missing:
             raise UserError(f"{where}: not an entry record (no {', '.join(missing[:5])})")
-        types = {"str": (str,), "int": (int,), "str | None": (str, type(None))}
+        # keyed by Field.type: the annotation's text here (postponed annotations)
+        types: dict[str | type, tuple[type, ...]] = {
+            "str": (str,), "int": (int,), "str | None": (str, type(None))}
         for name, f in known.items():
             if name in doc and not isinstance(doc[name], types.get(f.type, object)):
                 raise UserError(f"{where}: {name} must be {f.type}, not "

@@ -17,7 +17,9 @@ def _hf_greedy(path: Path, prompt_ids: list[int], device: str) -> list[int]:
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model = model.to(device).eval()
+    # transformers declares PreTrainedModel.to through functools.wraps(nn.Module.to),
+    # which mypy does not bind: `device` is taken for `self`
+    model = model.to(device).eval()  # type: ignore[arg-type]
     ids = torch.tensor([prompt_ids], device=device)
     out = model.generate(ids, max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False,
                          eos_token_id=None, pad_token_id=0)

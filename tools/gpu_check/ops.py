@@ -12,11 +12,12 @@ from engine import ops, reference
 
 DTYPES = (torch.float32, torch.bfloat16)
 # float32 differs by summation order only; bfloat16 is rounded once from float32.
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (1.6e-2, 1.6e-2)}  # (atol, rtol)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
-    torch.testing.assert_close(a.float().cpu(), b.float().cpu(), **TOL[dtype])
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(a.float().cpu(), b.float().cpu(), atol=atol, rtol=rtol)
 
 
 def _rand(seed: int, dtype, device):

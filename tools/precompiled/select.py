@@ -182,7 +182,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
     in_git = gitutil.is_repo(root)
     level_meta = variants_level_metadata(index)
     if level_meta is not None:  # the URL chose the commit; the machine chooses the variant
-        commit = level_meta.get("commit")
+        commit: str = level_meta["commit"]  # parse_metadata_json checked it: 40 hex digits
         if asked and asked != commit and not (asked == "nightly" and level_meta.get(
                 "view", "").startswith("nightly/")):
             raise UserError(f"VLLM_PRECOMPILED_WHEEL_INDEX={index} is the variants level of "
@@ -194,8 +194,8 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
                 "chosen explicitly")
         # a variants level lies two folders below the index root (<commit>/variants,
         # nightly/variants, <version>/variants); its links lead to <commit>/variants
-        root = index.rstrip("/").rsplit("/", 2)[0]
-        return _finish(level_meta, variant, index, "", commit, None, root)
+        index_root = index.rstrip("/").rsplit("/", 2)[0]
+        return _finish(level_meta, variant, index, "", commit, None, index_root)
     if asked == "nightly":
         meta = read_level_metadata(index, f"nightly/{variant}")
         if meta is None:
@@ -204,7 +204,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
                             "VLLM_PRECOMPILED_WHEEL_COMMIT, another index with "
                             "VLLM_PRECOMPILED_WHEEL_INDEX or another variant with "
                             "VLLM_PRECOMPILED_WHEEL_VARIANT")
-        commit = meta.get("commit")
+        commit = meta["commit"]
         if in_git:
             changed = gitutil.compiled_inputs_differ(root, commit, None) if gitutil.rev(
                 root, commit) else ["(nightly's commit is not in this repository)"]

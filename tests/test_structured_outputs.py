@@ -211,3 +211,45 @@ def test_constrained_requests_decode_undrafted_beside_speculation(tiny_model):  
     text = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).decode(tokens["c"])
     assert re.fullmatch(regex, text), text  # a drafted constrained request broke it
     assert core.scheduler.spec_stats.num_drafts > 0 and len(tokens["p"]) == 20
+
+
+def scrambled_copy(model, dest):
+    """model's checkpoint with its tokenizer.json's ordinary tokens given each
+    other's ids (the same tokens, so it still loads; other ids)."""
+    import shutil
+
+    shutil.copytree(model, dest)
+    data = json.loads((dest / "tokenizer.json").read_text())
+    special = {t["id"] for t in data["added_tokens"]}
+    vocab = data["model"]["vocab"]
+    names = [t for t, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i not in special]
+    ids = sorted(vocab[t] for t in names)
+    vocab.update(zip(names, reversed(ids)))
+    (dest / "tokenizer.json").write_text(json.dumps(data))
+    return dest
+
+
+@pytest.mark.slow
+def test_the_grammar_compiles_for_the_tokenizer_flag_s_tokenizer(tmp_path):
+    """--tokenizer DIR on a checkpoint whose own tokenizer differs: the core's
+    grammar must be built on DIR's vocabulary, the one the front end decodes."""
+    from test_serve import ServerProcess
+
+    from engine.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tok")
+    ckpt = scrambled_copy(model, tmp_path / "ckpt")
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "w": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
+        "required": ["n", "w"], "additionalProperties": False}
+    s = ServerProcess(ckpt, "--tokenizer", str(model), "--served-model-name", "tiny")
+    try:
+        r = client(s).completions.create(
+            model="tiny", prompt="one two", n=100, max_tokens=120,
+            extra_body={"structured_outputs": {"json": schema}}, **SAMPLED)
+    finally:
+        s.close()
+    bad = [ch.text for ch in r.choices if ch.finish_reason != "stop"
+           or set(json.loads(ch.text)) != {"n", "w"}]
+    assert not bad, bad[:3]

@@ -155,7 +155,8 @@ def test_core_compiles_off_the_step_and_fails_a_slow_grammar_alone(tiny_model,  
     core.add_request(EngineCoreRequest("slow", [0, 5, 6], SamplingParams(structured_outputs=slow)))
     core.add_request(EngineCoreRequest("ok", [0, 5, 6], SamplingParams(
         temperature=1.0, seed=1, max_tokens=20, structured_outputs=ok)))
-    core.add_request(EngineCoreRequest("plain", [0, 5, 6], SamplingParams(max_tokens=3)))
+    core.add_request(EngineCoreRequest("plain", [0, 5, 6], SamplingParams(max_tokens=3,
+                                                                          ignore_eos=True)))
     tokens, failed = {}, {}
     while core.has_unfinished():
         out = core.step()
@@ -171,17 +172,21 @@ def test_core_compiles_off_the_step_and_fails_a_slow_grammar_alone(tiny_model,  
     assert core.structured_output.grammar_bitmask([core_seq() for core_seq in ()]) is None
 
 
-def test_the_sampler_masks_what_the_bitmask_forbids():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # xgrammar's kernel; torch's
+def test_the_sampler_masks_what_the_bitmask_forbids_in_its_rows(dtype):
     import torch
 
     from engine.model_executor.layers.sampler import apply_grammar_bitmask
 
-    logits = torch.zeros(2, 70)
-    mask = torch.full((2, 3), -1, dtype=torch.int32)  # row 0: everything allowed
-    mask[1] = torch.tensor([0, 1 << 5, 0], dtype=torch.int32)  # row 1: token 37 only
-    out = apply_grammar_bitmask(logits, mask)
-    assert torch.isfinite(out[0]).all()
-    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [37]
+    logits = torch.zeros(3, 70, dtype=getattr(torch, dtype))
+    mask = torch.zeros((3, 3), dtype=torch.int32)  # row 0: not constrained (not in rows)
+    mask[1] = -1  # row 1: everything allowed
+    mask[2] = torch.tensor([0, 1 << 5, 0], dtype=torch.int32)  # row 2: token 37 only
+    out = apply_grammar_bitmask(logits, mask, [1, 2])
+    assert torch.isfinite(out[:2]).all()
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [37]
+    narrow = apply_grammar_bitmask(torch.zeros(1, 70), torch.full((1, 1), -1, dtype=torch.int32))
+    assert torch.isfinite(narrow).nonzero()[:, 1].tolist() == list(range(32))  # past: padding
 
 
 def test_constrained_requests_decode_undrafted_beside_speculation(tiny_model):  # noqa: F811

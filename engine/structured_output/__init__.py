@@ -118,8 +118,9 @@ class StructuredOutputManager:
     # ---- steps -----------------------------------------------------------------
 
     def grammar_bitmask(self, seqs) -> Future | None:
-        """The bitmask of the step's sampled rows (all ones for those without a
-        constraint), filled in the worker thread; None when no row has one."""
+        """The bitmask of the step's sampled rows and the rows it applies to
+        (the sampler's grammar_bitmask), filled in the worker thread while the
+        forward runs; None when no row has a constraint."""
         rows = [(i, s.grammar) for i, s in enumerate(seqs)
                 if s.grammar is not None and s.reasoning_ended]
         if not rows:

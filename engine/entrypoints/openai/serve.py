@@ -125,7 +125,8 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                       max_model_len=ready.max_model_len, cache_info={
                           "block_size": ready.block_size, "num_gpu_blocks": ready.num_blocks,
                           "cache_dtype": "auto", "enable_prefix_caching":
-                          args.enable_prefix_caching is not False})
+                          args.enable_prefix_caching is not False},
+                      engines=args.data_parallel_size)
     options = serve_options(args)
     llm = AsyncLLM(client, ready, front.model_config, front.tokenizer, metrics,
                    max_waiting=args.max_waiting_queue_length,

@@ -258,3 +258,30 @@ def test_the_grammar_compiles_for_the_tokenizer_flag_s_tokenizer(tmp_path):
     bad = [ch.text for ch in r.choices if ch.finish_reason != "stop"
            or set(json.loads(ch.text)) != {"n", "w"}]
     assert not bad, bad[:3]
+
+
+def test_the_bitmask_is_the_same_filled_in_the_step_or_beside_it(tiny_model, monkeypatch):  # noqa: F811
+    """Up to FILL_IN_STEP_ROWS constrained rows fill in the step, more in the
+    fill thread: the same rows, the same bits; unconstrained rows left out."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    import engine.structured_output as so
+    from engine.sampling_params import SamplingParams, StructuredOutputsParams
+
+    manager = so.StructuredOutputManager(tiny_model, 512, [1, 3])
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    seqs = [SimpleNamespace(params=params, token_ids=[0, 5], grammar=None, reasoning_ended=True)
+            for _ in range(3)]
+    for s in seqs[1:]:
+        manager.grammar_init(s)
+        while manager.ready(s) is False:
+            time.sleep(0.01)
+    in_step = manager.grammar_bitmask(seqs)
+    assert in_step.done()  # filled already: nothing to wait for in the sampler
+    monkeypatch.setattr(so, "FILL_IN_STEP_ROWS", 1)
+    beside = manager.grammar_bitmask(seqs).result()
+    assert in_step.result()[1] == beside[1] == [1, 2]
+    assert torch.equal(in_step.result()[0], beside[0])

@@ -13,7 +13,7 @@ import torch
 from engine import envs
 from engine.config import ModelConfig
 from engine.model_executor.layers.parallel import TP_ARCHITECTURES, check_shardable, check_stages
-from engine.model_source import resolve_model
+from engine.model_source import resolve_model, tokenizer_folder
 from engine.platforms import current as current_platform
 from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.spec_decode.config import SpeculativeConfig
@@ -53,6 +53,12 @@ class EngineConfig:
     pooler: PoolerConfig | None = None
     # --structured-outputs-config, as given (engine.structured_output checks it)
     structured_outputs_config: str | None = None
+    # the folder of the tokenizer the front end uses (--tokenizer DIR; None: path's)
+    tokenizer: Path | None = None
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.tokenizer or self.path
 
     @property
     def runner(self) -> str:
@@ -238,7 +244,8 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     return EngineConfig(path, mc, torch_dtype, block_size, num_blocks, max_len, max_num_seqs,
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
-                        prefix, seed, spec, structured_outputs_config=structured_outputs_config)
+                        prefix, seed, spec, structured_outputs_config=structured_outputs_config,
+                        tokenizer=tokenizer_folder(path, tokenizer))
 
 
 def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,

@@ -40,6 +40,17 @@ def resolve_model(model: str | os.PathLike, tokenizer: str | None = None,
     return _from_hub(text)
 
 
+def tokenizer_folder(path: Path, tokenizer: str | os.PathLike | None) -> Path:
+    """The folder whose tokenizer the front end and the core's grammar compiler
+    both read: --tokenizer DIR's for a checkpoint (a GGUF file's folder, path,
+    was made with it already), else the checkpoint's own."""
+    from engine.transformers_utils.gguf_folder import gguf_file
+
+    if tokenizer and gguf_file(path) is None:
+        return Path(tokenizer).expanduser()
+    return path
+
+
 def _from_hub(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download

@@ -53,7 +53,7 @@ class EngineCore:
         if spec:
             self.scheduler.spec_stats = SpecDecodingStats.for_tokens(spec.num_speculative_tokens)
         self.structured_output = StructuredOutputManager(
-            c.path, c.model.vocab_size, list(c.model.eos_token_ids),
+            c.tokenizer_path, c.model.vocab_size, list(c.model.eos_token_ids),
             StructuredOutputsConfig.parse(c.structured_outputs_config))
         self.scheduler.structured_output = self.structured_output
         self.compiling: list[Sequence] = []  # their grammar compiles; scheduled once it has

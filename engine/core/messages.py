@@ -62,6 +62,10 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     num_preemptions: int = 0
     spec_decoding: SpecDecodingStats | None = None  # with --speculative-config: totals
     num_scheduled_tokens: int = 0  # the step's tokens (vllm:iteration_tokens_total)
+    engine_index: int = 0  # the data-parallel replica these are of (/metrics' `engine`)
+    # -dp N: the sum above, and each replica's own (its steps since the last
+    # outputs, then its latest), which /metrics labels by engine_index
+    replicas: list[SchedulerStats] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

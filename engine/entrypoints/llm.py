@@ -11,12 +11,12 @@ import itertools
 import os
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from engine.core.input_processor import InputProcessor, load_tokenizer
 from engine.core.output_processor import OutputProcessor, RequestState
 from engine.entrypoints.llm_pooling import PoolingMixin
 from engine.executor.data_parallel import engine_core
+from engine.model_source import tokenizer_folder
 from engine.sampling_params import SamplingParams, with_model_defaults
 
 
@@ -47,9 +47,8 @@ class LLM(PoolingMixin):
 
     def __init__(self, model: str | os.PathLike, dtype: str = "auto", **kwargs):
         self.core = engine_core(model, dtype, **kwargs)
-        # tokenizer=DIR (upstream's): that folder's; a GGUF file's folder was made with it
-        self.tokenizer = load_tokenizer(Path(kwargs["tokenizer"]) if kwargs.get("tokenizer")
-                                        else self.core.path)
+        # tokenizer=DIR (upstream's): that folder's, as the core's grammar compiler reads
+        self.tokenizer = load_tokenizer(tokenizer_folder(self.core.path, kwargs.get("tokenizer")))
         self.processor = InputProcessor(self.tokenizer, self.core.config.vocab_size,
                                         self.core.max_model_len)
 

@@ -20,6 +20,8 @@ import os
 from collections import deque
 from multiprocessing.connection import wait
 
+import msgspec
+
 from engine.core.engine_core import EngineCore
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine.distributed.parallel_state import RankDiedError, replica_bindings
@@ -128,16 +130,23 @@ class DPEngineCore:
         if self.dead is not None:
             raise RankDiedError(self.dead)
 
-    def make_stats(self) -> SchedulerStats:
-        """The replicas' schedulers and KV caches summed (usage: their mean)."""
+    def make_stats(self, stepped: list[SchedulerStats] | None = None) -> SchedulerStats:
+        """The replicas' schedulers and KV caches summed (usage: their mean),
+        with each replica's: those of its steps in `stepped`, else its latest
+        without a step's tokens (they were counted when it stepped)."""
         n = len(self.stats)
+        stepped = stepped or []
+        fresh = {s.engine_index for s in stepped}
+        replicas = [msgspec.structs.replace(s, engine_index=rank, num_scheduled_tokens=0)
+                    for rank, s in enumerate(self.stats) if rank not in fresh]
         return SchedulerStats(sum(s.num_running_reqs for s in self.stats),
                               sum(s.num_waiting_reqs for s in self.stats),
                               sum(s.kv_cache_usage for s in self.stats) / max(n, 1),
                               sum(s.prefix_cache_queries for s in self.stats),
                               sum(s.prefix_cache_hits for s in self.stats),
                               sum(s.num_preemptions for s in self.stats),
-                              spec_metrics.summed([s.spec_decoding for s in self.stats]))
+                              spec_metrics.summed([s.spec_decoding for s in self.stats]),
+                              replicas=replicas + stepped)
 
     def step(self) -> EngineCoreOutputs:
         """The outputs of the replicas' steps since the last call (waits for
@@ -146,12 +155,15 @@ class DPEngineCore:
         if not self._pending:
             self._read()
         outputs: list = []
+        stepped: list[SchedulerStats] = []
         while self._pending:
             rank, msg = self._pending.popleft()
             if msg[0] == "step":
                 out: EngineCoreOutputs = msg[1]
                 if out.scheduler_stats is not None:
                     self.stats[rank] = out.scheduler_stats
+                    stepped.append(msgspec.structs.replace(out.scheduler_stats,
+                                                           engine_index=rank))
                 for o in out.outputs:
                     if o.request_id not in self.owner:  # aborted while the replica stepped it
                         continue
@@ -169,7 +181,7 @@ class DPEngineCore:
             else:  # "dead": a part of the replica died
                 self.dead = f"data-parallel rank {rank}: {msg[1]}"
                 raise RankDiedError(self.dead)
-        return EngineCoreOutputs(outputs, self.make_stats())
+        return EngineCoreOutputs(outputs, self.make_stats(stepped))
 
     def _read(self) -> None:
         """Wait for the replicas' next messages (or for one to die)."""

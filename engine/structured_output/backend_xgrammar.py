@@ -109,15 +109,16 @@ class XgrammarBackend:
         return XgrammarGrammar(compiled, self.stop_token_ids)
 
     def bitmask(self, rows: int, grammars: list[tuple[int, XgrammarGrammar]]):
-        """The batch's bitmask: each (row, grammar)'s allowed tokens, other rows all
-        ones. A row at a time: xgrammar's batch matcher filled the same rows 2x
-        slower here (16 rows of a JSON schema, the step's forward running beside)."""
+        """(the batch's bitmask, the rows the sampler must apply it to), or None
+        when no row needs it: a row whose grammar allows every token (xgrammar's
+        need_apply false) is left out. A row at a time: xgrammar's batch matcher
+        filled the same rows 2x slower here (16 rows of a JSON schema, the step's
+        forward running beside, its threads competing with the forward's)."""
         import xgrammar as xgr
 
         bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
-        for i, g in grammars:
-            g.matcher.fill_next_token_bitmask(bitmask, i)
-        return bitmask
+        apply = [i for i, g in grammars if g.matcher.fill_next_token_bitmask(bitmask, i)]
+        return (bitmask, apply) if apply else None
 
 
 class XgrammarGrammar:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +121,12 @@ def test_serve_dp2_answers_like_one_engine_and_a_killed_replica_is_503(model, tm
             time.sleep(0.3)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             assert list(pool.map(lambda p: _complete(url, p), PROMPTS)) == texts
+        # /metrics: each replica's scheduler series under its own `engine` (2 prompts each)
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        for engine in ("0", "1"):
+            queried = re.search(rf'^vllm:prefix_cache_queries_total\{{engine="{engine}",'
+                                r'model_name="m"\} ([0-9.]+)$', metrics, re.M)
+            assert queried and float(queried.group(1)) > 0, metrics
         # the replicas are the engine core process's children (it is the front of them)
         (core,) = _spawned(proc.pid)
         replicas = _spawned(core)

@@ -69,7 +69,8 @@ def test_the_core_constrains_only_after_the_reasoning_ends(tiny_model):  # noqa:
         seq.token_ids.append(token)
         assert manager.accept(seq, token)
     assert seq.reasoning_ended
-    mask = manager.grammar_bitmask([seq]).result()
+    mask, rows = manager.grammar_bitmask([seq]).result()
+    assert rows == [0]
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))

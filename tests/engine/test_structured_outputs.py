@@ -155,7 +155,8 @@ def test_core_compiles_off_the_step_and_fails_a_slow_grammar_alone(tiny_model,  
     core.add_request(EngineCoreRequest("slow", [0, 5, 6], SamplingParams(structured_outputs=slow)))
     core.add_request(EngineCoreRequest("ok", [0, 5, 6], SamplingParams(
         temperature=1.0, seed=1, max_tokens=20, structured_outputs=ok)))
-    core.add_request(EngineCoreRequest("plain", [0, 5, 6], SamplingParams(max_tokens=3)))
+    core.add_request(EngineCoreRequest("plain", [0, 5, 6], SamplingParams(max_tokens=3,
+                                                                          ignore_eos=True)))
     tokens, failed = {}, {}
     while core.has_unfinished():
         out = core.step()
@@ -171,17 +172,21 @@ def test_core_compiles_off_the_step_and_fails_a_slow_grammar_alone(tiny_model,  
     assert core.structured_output.grammar_bitmask([core_seq() for core_seq in ()]) is None
 
 
-def test_the_sampler_masks_what_the_bitmask_forbids():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # xgrammar's kernel; torch's
+def test_the_sampler_masks_what_the_bitmask_forbids_in_its_rows(dtype):
     import torch
 
     from engine.model_executor.layers.sampler import apply_grammar_bitmask
 
-    logits = torch.zeros(2, 70)
-    mask = torch.full((2, 3), -1, dtype=torch.int32)  # row 0: everything allowed
-    mask[1] = torch.tensor([0, 1 << 5, 0], dtype=torch.int32)  # row 1: token 37 only
-    out = apply_grammar_bitmask(logits, mask)
-    assert torch.isfinite(out[0]).all()
-    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [37]
+    logits = torch.zeros(3, 70, dtype=getattr(torch, dtype))
+    mask = torch.zeros((3, 3), dtype=torch.int32)  # row 0: not constrained (not in rows)
+    mask[1] = -1  # row 1: everything allowed
+    mask[2] = torch.tensor([0, 1 << 5, 0], dtype=torch.int32)  # row 2: token 37 only
+    out = apply_grammar_bitmask(logits, mask, [1, 2])
+    assert torch.isfinite(out[:2]).all()
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [37]
+    narrow = apply_grammar_bitmask(torch.zeros(1, 70), torch.full((1, 1), -1, dtype=torch.int32))
+    assert torch.isfinite(narrow).nonzero()[:, 1].tolist() == list(range(32))  # past: padding
 
 
 def test_constrained_requests_decode_undrafted_beside_speculation(tiny_model):  # noqa: F811
@@ -211,3 +216,72 @@ def test_constrained_requests_decode_undrafted_beside_speculation(tiny_model):  
     text = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).decode(tokens["c"])
     assert re.fullmatch(regex, text), text  # a drafted constrained request broke it
     assert core.scheduler.spec_stats.num_drafts > 0 and len(tokens["p"]) == 20
+
+
+def scrambled_copy(model, dest):
+    """model's checkpoint with its tokenizer.json's ordinary tokens given each
+    other's ids (the same tokens, so it still loads; other ids)."""
+    import shutil
+
+    shutil.copytree(model, dest)
+    data = json.loads((dest / "tokenizer.json").read_text())
+    special = {t["id"] for t in data["added_tokens"]}
+    vocab = data["model"]["vocab"]
+    names = [t for t, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i not in special]
+    ids = sorted(vocab[t] for t in names)
+    vocab.update(zip(names, reversed(ids)))
+    (dest / "tokenizer.json").write_text(json.dumps(data))
+    return dest
+
+
+@pytest.mark.slow
+def test_the_grammar_compiles_for_the_tokenizer_flag_s_tokenizer(tmp_path):
+    """--tokenizer DIR on a checkpoint whose own tokenizer differs: the core's
+    grammar must be built on DIR's vocabulary, the one the front end decodes."""
+    from test_serve import ServerProcess
+
+    from engine.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tok")
+    ckpt = scrambled_copy(model, tmp_path / "ckpt")
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "w": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
+        "required": ["n", "w"], "additionalProperties": False}
+    s = ServerProcess(ckpt, "--tokenizer", str(model), "--served-model-name", "tiny")
+    try:
+        r = client(s).completions.create(
+            model="tiny", prompt="one two", n=100, max_tokens=120,
+            extra_body={"structured_outputs": {"json": schema}}, **SAMPLED)
+    finally:
+        s.close()
+    bad = [ch.text for ch in r.choices if ch.finish_reason != "stop"
+           or set(json.loads(ch.text)) != {"n", "w"}]
+    assert not bad, bad[:3]
+
+
+def test_the_bitmask_is_the_same_filled_in_the_step_or_beside_it(tiny_model, monkeypatch):  # noqa: F811
+    """Up to FILL_IN_STEP_ROWS constrained rows fill in the step, more in the
+    fill thread: the same rows, the same bits; unconstrained rows left out."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    import engine.structured_output as so
+    from engine.sampling_params import SamplingParams, StructuredOutputsParams
+
+    manager = so.StructuredOutputManager(tiny_model, 512, [1, 3])
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    seqs = [SimpleNamespace(params=params, token_ids=[0, 5], grammar=None, reasoning_ended=True)
+            for _ in range(3)]
+    for s in seqs[1:]:
+        manager.grammar_init(s)
+        while manager.ready(s) is False:
+            time.sleep(0.01)
+    in_step = manager.grammar_bitmask(seqs)
+    assert in_step.done()  # filled already: nothing to wait for in the sampler
+    monkeypatch.setattr(so, "FILL_IN_STEP_ROWS", 1)
+    beside = manager.grammar_bitmask(seqs).result()
+    assert in_step.result()[1] == beside[1] == [1, 2]
+    assert torch.equal(in_step.result()[0], beside[0])

@@ -61,7 +61,6 @@ DEGENERATE = [  # (body, status, words in the error)
     ({"prompt": "one", "min_tokens": 9, "max_tokens": 3}, 400, "min_tokens"),
     ({"prompt": "one", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"prompt": "one", "suffix": "x"}, 400, "suffix"),
-    ({"prompt": "one", "use_beam_search": True, "stream": True}, 400, "use_beam_search"),
     ({"prompt": "one", "response_format": {"type": "yaml"}}, 400, "response_format"),
 ]
 

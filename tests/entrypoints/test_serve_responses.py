@@ -41,7 +41,7 @@ def test_responses_whole_and_streamed_equal_the_chat_answer(tiny):
         events = [e async for e in parts]
         refused = []
         for extra in ({"previous_response_id": "resp_1"}, {"tools": [{"type": "web_search"}]},
-                      {"text": {"format": {"type": "yaml"}}}):
+                      {"text": {"format": {"type": "yaml"}}}, {"use_beam_search": True}):
             try:
                 await c.responses.create(input="hi", extra_body=extra, **greedy)
             except openai.BadRequestError as exc:
@@ -67,5 +67,6 @@ def test_responses_whole_and_streamed_equal_the_chat_answer(tiny):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want
     assert events[-1].response.output_text == want
-    assert [r["param"] for r in refused] == ["previous_response_id", "tools", "text"]
+    assert [r["param"] for r in refused] == ["previous_response_id", "tools", "text",
+                                              "use_beam_search"]
     assert odd.status_code == 400 and odd.json()["error"]["param"] == "input"

@@ -122,7 +122,29 @@ def test_beam_search_as_upstream(c):
                     return_token_ids=True)
     assert [ch.token_ids for ch in out.choices] == [b[0] for b in beams]
     assert out.usage.completion_tokens == width * steps
-    _400(lambda: _complete(c, use_beam_search=True, stream=True), "use_beam_search: not with")
+
+
+def test_beam_search_streams_its_answer(c):
+    """stream=true: the beams' answer as chunks once the search ends (upstream's
+    chat stream of a finished output: role chunks, then each whole text)."""
+    beam = {"use_beam_search": True, "n": 2, "ignore_eos": True}
+    whole = _complete(c, max_tokens=4, **beam)
+    chunks = list(_complete(c, max_tokens=4, stream=True, stream_options={"include_usage": True},
+                            **beam))
+    assert sorted((ch.index, ch.text, ch.finish_reason) for k in chunks[:-1]
+                  for ch in k.choices) == [(ch.index, ch.text, ch.finish_reason)
+                                           for ch in whole.choices]
+    assert chunks[-1].usage.completion_tokens == 8 and not chunks[-1].choices
+    msgs = [{"role": "user", "content": PROMPT}]
+    full = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, temperature=0,
+                                     extra_body=beam)
+    text = ["", ""]
+    for k in c.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, stream=True,
+                                       temperature=0, extra_body=beam):
+        for ch in k.choices:
+            text[ch.index] += ch.delta.content or ""
+            assert ch.delta.role == "assistant" or ch.finish_reason == "length"
+    assert text == [ch.message.content for ch in full.choices]
 
 
 def test_logprobs_as_token_ids(c):

@@ -127,3 +127,37 @@ def test_a_served_engine_exports_them(vllm_compat_server):
     assert re.search(r'^vllm:e2e_request_latency_seconds_count\{engine="0",model_name="tiny"\}',
                      text, re.M)
     assert 'http_requests_total{handler="/v1/completions",method="POST",status="2xx"}' in text
+
+
+def test_data_parallel_replicas_are_labelled_by_engine_index():
+    """-dp 2: the scheduler series carry each replica's index as `engine`
+    (upstream's), from the per-replica stats the DP front sends each step; a
+    step's tokens are counted once, when its replica stepped."""
+    from types import SimpleNamespace
+
+    import msgspec
+
+    from engine.core.messages import SchedulerStats
+    from engine.entrypoints.openai.metrics import Metrics
+    from engine.executor.data_parallel import DPEngineCore
+
+    m = Metrics("m", engines=2)
+    idle = m.render().decode()
+    assert 'vllm:num_requests_running{engine="1",model_name="m"} 0.0' in idle
+    front = SimpleNamespace(stats=[SchedulerStats(), SchedulerStats()])
+    for rank, step in ((1, SchedulerStats(3, 1, 0.5, 40, 8, num_scheduled_tokens=7)),
+                       (0, SchedulerStats(1, 0, 0.25, 10, 0, num_scheduled_tokens=2))):
+        front.stats[rank] = step
+        stats = DPEngineCore.make_stats(front, [msgspec.structs.replace(step, engine_index=rank)])
+        m.on_stats(msgspec.msgpack.decode(msgspec.msgpack.encode(stats), type=SchedulerStats))
+    text = m.render().decode()
+    for line in ('vllm:num_requests_running{engine="1",model_name="m"} 3.0',
+                 'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+                 'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5',
+                 'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 40.0',
+                 'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0.0',
+                 'vllm:iteration_tokens_total_sum{engine="1",model_name="m"} 7.0',
+                 'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 2.0',
+                 'vllm:num_requests_waiting_by_reason{engine="1",model_name="m",'
+                 'reason="capacity"} 1.0'):
+        assert line in text, line

@@ -37,7 +37,7 @@ N_BUCKETS = (1, 2, 5, 10, 20)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
-ENGINE = "0"  # one engine core (its data-parallel replicas summed)
+ENGINE = "0"  # the request series' engine (-dp N: the scheduler's are per replica)
 
 
 def token_buckets(max_model_len: int) -> list[int]:
@@ -59,10 +59,11 @@ class Metrics:
     request handlers (on_prompt, on_request). One registry per server."""
 
     def __init__(self, model_name: str, engine_totals: bool = True, max_model_len: int = 2048,
-                 cache_info: dict | None = None):
+                 cache_info: dict | None = None, engines: int = 1):
         """engine_totals: count the core's totals (the prefix cache's
         lookups, preemptions, steps) here; of N API servers, which all hear
-        them, one does."""
+        them, one does. engines: the data-parallel replicas, whose scheduler
+        series each carry their index as `engine`, as upstream's."""
         self.engine_totals = engine_totals
         self.model_name = model_name
         self.registry = r = CollectorRegistry()
@@ -70,33 +71,33 @@ class Metrics:
             r.register(collector)  # process_* and python_*, as upstream's default registry
         names, values = ["model_name", "engine"], (model_name, ENGINE)
 
-        def gauge(name, doc, extra=()):
+        def gauge(name, doc, extra=(), per_engine=False):
             g = Gauge(name, doc, names + list(extra), registry=r, multiprocess_mode="mostrecent")
-            return g if extra else g.labels(*values)
+            return g if extra or per_engine else g.labels(*values)
 
-        def counter(name, doc, extra=()):
+        def counter(name, doc, extra=(), per_engine=False):
             c = Counter(name, doc, names + list(extra), registry=r)
-            return c if extra else c.labels(*values)
+            return c if extra or per_engine else c.labels(*values)
 
-        def histogram(name, doc, buckets):
-            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(*values)
+        def histogram(name, doc, buckets, per_engine=False):
+            h = Histogram(name, doc, names, buckets=buckets, registry=r)
+            return h if per_engine else h.labels(*values)
 
+        # the scheduler's series: families, labelled per replica by _Engine
         self.running = gauge("vllm:num_requests_running",
-                             "Number of requests in model execution batches.")
+                             "Number of requests in model execution batches.", per_engine=True)
         self.waiting = gauge("vllm:num_requests_waiting",
-                             "Number of requests waiting to be processed.")
+                             "Number of requests waiting to be processed.", per_engine=True)
         self.waiting_by = gauge("vllm:num_requests_waiting_by_reason",
                                 "Number of waiting requests by reason.", ["reason"])
-        sleep = gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 1 means the "
-                      "engine is awake (this engine does not sleep).", ["sleep_state"])
-        for state, v in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
-            sleep.labels(*values, state).set(v)
+        self.sleep = gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 1 means the "
+                           "engine is awake (this engine does not sleep).", ["sleep_state"])
         self.kv_usage = gauge("vllm:kv_cache_usage_perc",
-                              "KV-cache usage. 1 means 100 percent usage.")
+                              "KV-cache usage. 1 means 100 percent usage.", per_engine=True)
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in "
-                                      "terms of number of queried tokens.")
+                                      "terms of number of queried tokens.", per_engine=True)
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of "
-                                   "number of cached tokens.")
+                                   "number of cached tokens.", per_engine=True)
         for name, doc in (("vllm:external_prefix_cache_queries", "External prefix cache "
                            "queries (no KV connector here: 0)."),
                           ("vllm:external_prefix_cache_hits", "External prefix cache hits (0)."),
@@ -110,9 +111,8 @@ class Metrics:
                            "GPU (not estimated here: 0).")):
             counter(name, doc)
         self.preemptions = counter("vllm:num_preemptions",
-                                   "Cumulative number of preemption from the engine.")
-        self._seen = (0, 0, 0)  # the core's totals at the last step: queries, hits, preemptions
-        self._spec: SpecDecodingProm | None = None  # once a step reports speculation
+                                   "Cumulative number of preemption from the engine.",
+                                   per_engine=True)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.by_source = counter("vllm:prompt_tokens_by_source",
                                  "Number of prompt tokens by source.", ["source"])
@@ -129,8 +129,6 @@ class Metrics:
         rejected = Counter("vllm:admission_rejections", "Number of admission attempts rejected "
                            "by a queue limit, by reason.", ["model_name", "reason"], registry=r)
         self.rejected = rejected.labels(model_name, "max_num_queued_reqs")
-        for reason in ("capacity", "deferred"):
-            self.waiting_by.labels(*values, reason)
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             self.by_source.labels(*values, source)
         self.cached_by.labels(*values, "device")
@@ -143,7 +141,7 @@ class Metrics:
         self.req_generation = histogram("vllm:request_generation_tokens",
                                         "Number of generation tokens processed.", tokens)
         self.iteration = histogram("vllm:iteration_tokens_total", "Histogram of number of "
-                                   "tokens per engine_step.", ITERATION_BUCKETS)
+                                   "tokens per engine_step.", ITERATION_BUCKETS, per_engine=True)
         self.max_gen = histogram("vllm:request_max_num_generation_tokens", "Histogram of maximum "
                                  "number of requested generation tokens.", tokens)
         self.params_n = histogram("vllm:request_params_n",
@@ -178,9 +176,20 @@ class Metrics:
                                      "Histogram of new KV tokens computed during prefill "
                                      "(excluding cached tokens).", tokens)
         info = {k: str(v) for k, v in (cache_info or {}).items()}
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-              ["engine", *info], registry=r, multiprocess_mode="mostrecent").labels(
-            ENGINE, *info.values()).set(1)
+        self.cache_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine "
+                                "CacheConfig", ["engine", *info], registry=r,
+                                multiprocess_mode="mostrecent")
+        self._info = list(info.values())
+        self.spec: SpecDecodingProm | None = None  # once a step reports speculation
+        self._engines: dict[int, _Engine] = {}
+        for index in range(engines):  # each replica's series, at their idle values
+            self._engine(index)
+
+    def _engine(self, index: int) -> _Engine:
+        if index not in self._engines:
+            self._engines[index] = _Engine(self, str(index))
+            self.cache_info.labels(str(index), *self._info).set(1)
+        return self._engines[index]
 
     def on_prompt(self, num_tokens: int) -> None:
         self.prompt_tokens.inc(num_tokens)
@@ -194,25 +203,10 @@ class Metrics:
             self.max_gen.observe(s.params.max_tokens)
 
     def on_stats(self, stats) -> None:
-        """A step's SchedulerStats (engine/core/messages.py); totals since start."""
-        self.running.set(stats.num_running_reqs)
-        self.waiting.set(stats.num_waiting_reqs)
-        self.waiting_by.labels(self.model_name, ENGINE, "capacity").set(stats.num_waiting_reqs)
-        self.kv_usage.set(stats.kv_cache_usage)
-        if not self.engine_totals:
-            return
-        queries, hits, preempted = self._seen
-        self.prefix_queries.inc(max(stats.prefix_cache_queries - queries, 0))
-        self.prefix_hits.inc(max(stats.prefix_cache_hits - hits, 0))
-        self.preemptions.inc(max(stats.num_preemptions - preempted, 0))
-        self._seen = (stats.prefix_cache_queries, stats.prefix_cache_hits,
-                      stats.num_preemptions)
-        if stats.num_scheduled_tokens:
-            self.iteration.observe(stats.num_scheduled_tokens)
-        if stats.spec_decoding is not None:
-            if self._spec is None:
-                self._spec = SpecDecodingProm(self.registry, self.model_name)
-            self._spec.observe(stats.spec_decoding)
+        """A step's SchedulerStats (engine/core/messages.py); totals since
+        start. -dp N: each replica's (stats.replicas), by its engine index."""
+        for one in stats.replicas or [stats]:
+            self._engine(one.engine_index).on_stats(one, self.engine_totals)
 
     def on_output(self, state, num_tokens: int, now: float) -> None:
         """A request gained num_tokens (state: its times before them)."""
@@ -263,35 +257,76 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class _Engine:
+    """One engine's (data-parallel replica's) scheduler series, and the core's
+    totals as last seen, which its counters advance by."""
+
+    def __init__(self, m: Metrics, index: str):
+        v = (m.model_name, index)
+        self.metrics, self.index = m, index
+        self.running, self.waiting = m.running.labels(*v), m.waiting.labels(*v)
+        self.waiting_by = m.waiting_by.labels(*v, "capacity")
+        m.waiting_by.labels(*v, "deferred")
+        for state, awake in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
+            m.sleep.labels(*v, state).set(awake)
+        self.kv_usage = m.kv_usage.labels(*v)
+        self.prefix_queries = m.prefix_queries.labels(*v)
+        self.prefix_hits = m.prefix_hits.labels(*v)
+        self.preemptions, self.iteration = m.preemptions.labels(*v), m.iteration.labels(*v)
+        self._seen = (0, 0, 0)  # the core's totals at the last step: queries, hits, preemptions
+
+    def on_stats(self, stats, totals: bool) -> None:
+        self.running.set(stats.num_running_reqs)
+        self.waiting.set(stats.num_waiting_reqs)
+        self.waiting_by.set(stats.num_waiting_reqs)
+        self.kv_usage.set(stats.kv_cache_usage)
+        if not totals:
+            return
+        queries, hits, preempted = self._seen
+        self.prefix_queries.inc(max(stats.prefix_cache_queries - queries, 0))
+        self.prefix_hits.inc(max(stats.prefix_cache_hits - hits, 0))
+        self.preemptions.inc(max(stats.num_preemptions - preempted, 0))
+        self._seen = (stats.prefix_cache_queries, stats.prefix_cache_hits,
+                      stats.num_preemptions)
+        if stats.num_scheduled_tokens:
+            self.iteration.observe(stats.num_scheduled_tokens)
+        if stats.spec_decoding is not None:
+            m = self.metrics
+            if m.spec is None:
+                m.spec = SpecDecodingProm(m.registry, m.model_name)
+            m.spec.observe(stats.spec_decoding, self.index)
+
+
 class SpecDecodingProm:
     """Speculative decoding's acceptance counters, as upstream's: drafts
     (verifications), draft tokens, accepted tokens in all and by position;
-    fed with the core's totals since start."""
+    fed with each engine's totals since start."""
 
     def __init__(self, registry: CollectorRegistry, model_name: str):
         labels, r = ["model_name", "engine"], registry
         self.drafts = Counter("vllm:spec_decode_num_drafts", "Speculative verifications (a "
-                              "request's step with drafts).", labels, registry=r
-                              ).labels(model_name, ENGINE)
+                              "request's step with drafts).", labels, registry=r)
         self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens "
-                                    "verified.", labels, registry=r).labels(model_name, ENGINE)
+                                    "verified.", labels, registry=r)
         self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens "
-                                "accepted.", labels, registry=r).labels(model_name, ENGINE)
+                                "accepted.", labels, registry=r)
         self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens "
                                "accepted, by position in their step's drafts.",
                                labels + ["position"], registry=r)
         self.model_name = model_name
-        self._seen = SpecDecodingStats()
+        self._seen: dict[str, SpecDecodingStats] = {}  # by engine
 
-    def observe(self, totals: SpecDecodingStats) -> None:
-        seen = self._seen
-        self.drafts.inc(max(totals.num_drafts - seen.num_drafts, 0))
-        self.draft_tokens.inc(max(totals.num_draft_tokens - seen.num_draft_tokens, 0))
-        self.accepted.inc(max(totals.num_accepted_tokens - seen.num_accepted_tokens, 0))
+    def observe(self, totals: SpecDecodingStats, engine: str = ENGINE) -> None:
+        seen = self._seen.get(engine, SpecDecodingStats())
+        v = (self.model_name, engine)
+        self.drafts.labels(*v).inc(max(totals.num_drafts - seen.num_drafts, 0))
+        self.draft_tokens.labels(*v).inc(max(totals.num_draft_tokens - seen.num_draft_tokens, 0))
+        self.accepted.labels(*v).inc(max(totals.num_accepted_tokens - seen.num_accepted_tokens,
+                                         0))
         before = seen.num_accepted_tokens_per_pos
         for pos, n in enumerate(totals.num_accepted_tokens_per_pos):
             old = before[pos] if pos < len(before) else 0
-            self.per_pos.labels(self.model_name, ENGINE, str(pos)).inc(max(n - old, 0))
-        self._seen = SpecDecodingStats(totals.num_drafts, totals.num_draft_tokens,
-                                       totals.num_accepted_tokens,
-                                       list(totals.num_accepted_tokens_per_pos))
+            self.per_pos.labels(*v, str(pos)).inc(max(n - old, 0))
+        self._seen[engine] = SpecDecodingStats(totals.num_drafts, totals.num_draft_tokens,
+                                               totals.num_accepted_tokens,
+                                               list(totals.num_accepted_tokens_per_pos))

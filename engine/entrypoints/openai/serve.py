@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import wait
-from pathlib import Path
 
 from engine import interrupts
 from engine.logger import init_logging
@@ -39,8 +38,7 @@ class _Front:
         from engine.core.input_processor import load_tokenizer
         from engine.entrypoints import chat_utils
         from engine.entrypoints.openai.request_limits import max_token_bytes
-        from engine.model_source import resolve_model
-        from engine.transformers_utils.gguf_folder import gguf_file
+        from engine.model_source import resolve_model, tokenizer_folder
 
         self.path = resolve_model(args.model, getattr(args, "tokenizer", None),
                                   getattr(args, "hf_config_path", None))
@@ -48,10 +46,8 @@ class _Front:
         defaults = generation_defaults(self.path, args.generation_config,
                                        args.override_generation_config)
         self.model_config = dataclasses.replace(mc, generation_defaults=defaults)
-        # --tokenizer: its folder's tokenizer.json, chat template and special tokens (a
-        # GGUF file's folder holds them already, made with it)
-        gguf = gguf_file(self.path) is not None
-        tok_path = Path(args.tokenizer) if args.tokenizer and not gguf else self.path
+        # --tokenizer: its folder's tokenizer.json, chat template and special tokens
+        tok_path = tokenizer_folder(self.path, args.tokenizer)
         self.tokenizer = load_tokenizer(tok_path)
         self.template = chat_utils.load_template(tok_path, args.chat_template)
         self.special_tokens = chat_utils.special_tokens(tok_path)
@@ -133,7 +129,8 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                       max_model_len=ready.max_model_len, cache_info={
                           "block_size": ready.block_size, "num_gpu_blocks": ready.num_blocks,
                           "cache_dtype": "auto", "enable_prefix_caching":
-                          args.enable_prefix_caching is not False})
+                          args.enable_prefix_caching is not False},
+                      engines=args.data_parallel_size)
     options = serve_options(args)
     llm = AsyncLLM(client, ready, front.model_config, front.tokenizer, metrics,
                    max_waiting=args.max_waiting_queue_length,

@@ -35,8 +35,6 @@ def check_beam_request(state: ServerState, body, constrained: bool = False) -> N
     beams are not drafted under."""
     width = body.n
     bound = state.options.max_logprobs
-    if body.stream:
-        raise APIError(400, "use_beam_search: not with stream=true", "use_beam_search")
     if constrained:
         raise APIError(400, "use_beam_search: not with a structured output (response_format, "
                        "structured_outputs, guided_*, tool_choice required or named)",
@@ -92,10 +90,11 @@ async def beam_search(state: ServerState, prompt: list[int], width: int, max_tok
 
 async def beam_answer(state: ServerState, body, request, name: str, prompts: list[list[int]],
                       chat: bool, constraint=None):
-    """A completion (or chat completion) of the best n beams of each prompt;
+    """A completion (or chat completion) of the best n beams of each prompt,
+    streamed with stream=true (as chunks once the search ends: _chunks);
     constraint: the request's structured output, refused (check_beam_request)."""
     from engine.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
-    from engine.entrypoints.openai.serving_engine import full_answer, unless_disconnected
+    from engine.entrypoints.openai.serving_engine import full_answer, sse, unless_disconnected
 
     check_beam_request(state, body, constraint is not None)
     tok = state.llm.tokenizer
@@ -136,4 +135,36 @@ async def beam_answer(state: ServerState, body, request, name: str, prompts: lis
                            "total_tokens": prompt_tokens + completion_tokens}
         return answer
 
+    if body.stream:
+        return sse(_chunks(work(), body, chat), state, live)
     return await unless_disconnected(request, work(), state, live)
+
+
+async def _chunks(work, body, chat: bool):
+    """The answer as upstream's stream generator sends a finished output: for
+    chat, a role chunk per choice, then each choice's whole text with its
+    finish_reason; for completions, each choice's chunk; then the usage chunk
+    when stream_options asks (on every chunk with continuous_usage_stats).
+    Upstream streams chat's beams so; its completions answer a JSON body,
+    which the SDK's stream reads as no chunks: here they stream too."""
+    from engine.entrypoints.openai.serving_engine import wants_usage
+
+    answer = await work
+    head = {k: answer[k] for k in ("id", "object", "created", "model")}
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+    o = body.stream_options
+    every = answer["usage"] if o is not None and o.include_usage and o.continuous_usage_stats \
+        else None
+    chunks = []
+    for ch in answer["choices"]:
+        if chat:
+            message = ch.pop("message")
+            chunks.append({"index": ch["index"], "delta": {"role": message["role"],
+                                                           "content": ""},
+                           "logprobs": None, "finish_reason": None})
+            ch["delta"] = {"content": message["content"]}
+    chunks += answer["choices"]
+    for c in chunks:
+        yield {**head, "choices": [c], **({"usage": every} if every else {})}
+    if wants_usage(body):
+        yield {**head, "choices": [], "usage": answer["usage"]}

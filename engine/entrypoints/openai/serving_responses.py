@@ -51,6 +51,8 @@ class ResponsesRequest(BaseModel):
                           ("background", bool(extra.get("background"))),
                           ("reasoning", extra.get("reasoning") is not None),
                           ("include", bool(extra.get("include"))),
+                          # upstream's Responses API has no beam search (it ignores the field)
+                          ("use_beam_search", bool(extra.get("use_beam_search"))),
                           ("text", fmt not in ("text", "json_object", "json_schema")),
                           ("tool_choice", extra.get("tool_choice") not in (None, "none", "auto"))):
             if bad:

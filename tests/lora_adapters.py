@@ -19,7 +19,7 @@ def make_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, seed:
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     cfg = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
                           use_rslora=rslora, init_lora_weights=False, lora_dropout=0.0)
     model = peft.get_peft_model(model, cfg)

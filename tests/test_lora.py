@@ -205,3 +205,24 @@ def test_engine_refusals(lora):
     llm = LLM(lora / "base", "float32", **ARGS)
     with pytest.raises(ValueError, match="start the engine with --enable-lora"):
         llm.generate(PROMPTS[:1], GREEDY, lora_request=_req(lora, "a1"))
+
+
+def test_runtime_update_routes_only_with_the_variable(lora, monkeypatch):
+    """/v1/load_lora_adapter and /v1/unload_lora_adapter exist only when
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING is 1 or true (upstream's switch)."""
+    from helpers import app_in_process
+
+    from engine.entrypoints.openai.api_server import build_app
+    from engine.entrypoints.openai.serving_models import LoRAModels
+
+    app, llm = app_in_process(lora / "base", enable_lora=True)
+    try:
+        state = app.state.s
+        state.lora = LoRAModels(llm.model_config, 16, state.model_names)
+        for value, served in (("", False), ("0", False), ("true", True), ("1", True)):
+            monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", value)
+            paths = {r.path for r in build_app(state).routes}
+            assert ("/v1/load_lora_adapter" in paths) is served, value
+            assert ("/v1/unload_lora_adapter" in paths) is served, value
+    finally:
+        llm.shutdown()

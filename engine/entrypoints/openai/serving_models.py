@@ -10,9 +10,22 @@ import itertools
 import json
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from engine.config import ModelConfig
 from engine.lora.peft_helper import load_adapter
 from engine.lora.request import LoRARequest
+
+
+class LoadLoRAAdapterRequest(BaseModel):  # upstream's
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_int_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,18 +88,8 @@ def add_lora_routes(app, state, deps: list) -> None:
     answers); the caller adds them only when VLLM_ALLOW_RUNTIME_LORA_UPDATING
     is set, as upstream."""
     from fastapi.responses import PlainTextResponse
-    from pydantic import BaseModel
 
     from engine.entrypoints.openai.serving_engine import APIError
-
-    class LoadLoRAAdapterRequest(BaseModel):
-        lora_name: str
-        lora_path: str
-        load_inplace: bool = False
-
-    class UnloadLoRAAdapterRequest(BaseModel):
-        lora_name: str
-        lora_int_id: int | None = None
 
     models: LoRAModels = state.lora
 

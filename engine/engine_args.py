@@ -12,8 +12,8 @@ import torch
 
 from engine import envs
 from engine.config import ModelConfig
-from engine.model_executor.layers.parallel import TP_ARCHITECTURES, check_shardable, check_stages
 from engine.lora.config import LoRAConfig, lora_config
+from engine.model_executor.layers.parallel import TP_ARCHITECTURES, check_shardable, check_stages
 from engine.model_source import resolve_model
 from engine.platforms import current as current_platform
 from engine.pooler_config import PoolerConfig, resolve_runner

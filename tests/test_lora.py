@@ -13,10 +13,10 @@ import torch
 from lora_adapters import make_adapter
 
 from engine import LLM, SamplingParams
-from engine.lora import LoRARequest
-from engine.lora.peft_helper import load_adapter
-from engine.lora.config import LoRAConfig
 from engine.config import ModelConfig
+from engine.lora import LoRARequest
+from engine.lora.config import LoRAConfig
+from engine.lora.peft_helper import load_adapter
 
 pytest.importorskip("peft", reason="peft is a dev requirement (requirements/dev.txt)")
 

@@ -90,8 +90,8 @@ class LLM(PoolingMixin):
             [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else \
-            [lora_request] * len(prompts)
+        loras: list[LoRARequest | None] = [lora_request] * len(prompts) \
+            if lora_request is None or isinstance(lora_request, LoRARequest) else list(lora_request)
         if len(loras) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(loras)} LoRA requests")
         batch = next(self._batches)

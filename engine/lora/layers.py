@@ -28,6 +28,9 @@ class LinearWithLoRA(nn.Module):
     rank r_s packs its slices' A rows densely, slice-major, in the first
     slices * r_s rows: one contiguous shrink) and B as [max_loras, out, max_rank]."""
 
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+
     def __init__(self, base: nn.Module, fan_in: int, slices: tuple[int, ...], max_loras: int,
                  max_rank: int, dtype: torch.dtype):
         super().__init__()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from typing import cast
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ def wrap_model(model: nn.Module, mc: ModelConfig, cfg: LoRAConfig, dtype: torch.
     has: a mixture-of-experts MLP is not adapted) inside a LinearWithLoRA."""
     sizes, wrapped = layer_slices(mc), {}
     start = getattr(model, "start_layer", 0)
-    for i, layer in enumerate(model.layers):  # type: ignore[union-attr]
+    for i, layer in enumerate(cast(nn.ModuleList, model.layers)):
         for name, (fan_in, slices) in sizes.items():
             base = getattr(layer, name, None)
             if base is None or not hasattr(base, "quant_method"):  # not one of our Linears

@@ -143,11 +143,13 @@ def test_the_lora_term_is_added_to_a_quantized_layers_output(lora, tmp_path, sch
     layer = manager.layers[(0, "gate_up")]
     assert layer.base.quant_method is not None, "the base layer is quantized"
     x = torch.randn(5, layer.fan_in)
-    rows = torch.tensor([0, 2, 3])
+    rows = torch.tensor([0, 2, 3])  # the adapter's tokens; the others are the base's
+    mask = torch.zeros(5, layer.max_loras)
+    mask[rows, manager.slots.index(1)] = 1
     set_context(ForwardContext(False, torch.zeros(5, dtype=torch.int64),
                                torch.zeros(1, 1, dtype=torch.int32),
                                torch.zeros(1, dtype=torch.int32),
-                               lora_mapping=LoRAMapping([(manager.slots.index(1), rows)])))
+                               lora_mapping=LoRAMapping(None, mask)))
     try:
         got = layer(x)
     finally:

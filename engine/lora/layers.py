@@ -1,9 +1,11 @@
 """A linear layer with the LoRA term of every adapter slot (upstream's
-vllm/lora/layers): the base layer runs as ever (float, oneDNN, panels,
-W8A8 or W4A16: the term is added to its output), then for each slot present in
-the step one shrink over its tokens (x @ A^T for all the layer's slices at
-once) and one expand per slice (h @ B^T), added in place. Tokens of the base
-model skip it; a step of one adapter runs it over all rows without gathering."""
+vllm/lora/layers and its punica shrink/expand): the base layer runs as ever
+(float, oneDNN, panels, W8A8 or W4A16: the term is added to its output), then
+one shrink of the step's tokens against every slot's A at once, a mask that
+keeps each token's own slot (base-model tokens: none), and one expand per
+slice (q, k, v / gate, up) against every slot's B at once, added in place:
+four or five matmuls a layer whatever the mix of adapters, never a pass per
+adapter. A step of one adapter uses its slot's A and B alone."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,62 +18,72 @@ from engine.forward_context import get_context
 
 @dataclass
 class LoRAMapping:
-    """One step's tokens by adapter slot: (slot, the rows of its tokens; None:
-    every row of the step). Set on the forward context by the model runner."""
+    """One step's tokens by adapter slot, set on the forward context by the
+    model runner: `slot`, when every token is of that one slot; else `mask`,
+    [tokens, max_loras] with a 1 at each token's slot (a base token's row is 0)."""
 
-    groups: list[tuple[int, torch.Tensor | None]]
+    slot: int | None
+    mask: torch.Tensor | None = None
 
 
 class LinearWithLoRA(nn.Module):
     """`base` (a Linear whose output is `slices` side by side, e.g. q, k, v)
-    plus, per slot, A stacked as [max_loras, slices * max_rank, in] (slot s's
-    rank r_s packs its slices' A rows densely, slice-major, in the first
-    slices * r_s rows: one contiguous shrink) and B as [max_loras, out, max_rank]."""
+    plus the slots' A, [max_loras * slices * max_rank, in] (slot l, slice j,
+    rank r at row (l * slices + j) * max_rank + r), and B transposed,
+    [max_loras * max_rank, out] (slot l, rank r at row l * max_rank + r).
+    Ranks under max_rank are zero-padded: the shapes stay fixed."""
 
     lora_a: torch.Tensor
-    lora_b: torch.Tensor
+    lora_bt: torch.Tensor
 
     def __init__(self, base: nn.Module, fan_in: int, slices: tuple[int, ...], max_loras: int,
                  max_rank: int, dtype: torch.dtype):
         super().__init__()
         self.base, self.fan_in, self.slices = base, fan_in, slices
+        self.max_loras, self.max_rank = max_loras, max_rank
         self.offsets = [sum(slices[:j]) for j in range(len(slices))]
-        self.register_buffer("lora_a", torch.zeros(max_loras, len(slices) * max_rank, fan_in,
+        self.register_buffer("lora_a", torch.zeros(max_loras * len(slices) * max_rank, fan_in,
                                                    dtype=dtype), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(max_loras, sum(slices), max_rank,
-                                                   dtype=dtype), persistent=False)
-        self.ranks = [0] * max_loras  # 0: the slot holds nothing for this layer
+        self.register_buffer("lora_bt", torch.zeros(max_loras * max_rank, sum(slices),
+                                                    dtype=dtype), persistent=False)
+        self.active = [False] * max_loras  # whether the slot adapts this layer
+
+    def _a(self, slot: int) -> torch.Tensor:
+        width = len(self.slices) * self.max_rank
+        return self.lora_a[slot * width:(slot + 1) * width]
 
     def set_slot(self, slot: int, rank: int,
                  parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Slot `slot` holds an adapter of `rank`: parts[j] = (A, B) of slice j
-        (slices it does not adapt are zero)."""
-        self.lora_a[slot].zero_()
-        self.lora_b[slot].zero_()
-        self.ranks[slot] = rank if parts else 0
-        for j, (a, b) in parts.items():
-            self.lora_a[slot, j * rank:(j + 1) * rank].copy_(a)
-            self.lora_b[slot, self.offsets[j]:self.offsets[j] + self.slices[j], :rank].copy_(b)
+        """Slot `slot` holds an adapter of `rank`: parts[j] = (A [rank, in],
+        B [out_j, rank]) of slice j (slices it does not adapt stay zero)."""
+        a, bt, r = self._a(slot), self.lora_bt[slot * self.max_rank:(slot + 1) * self.max_rank], \
+            self.max_rank
+        a.zero_()
+        bt.zero_()
+        self.active[slot] = bool(parts)
+        for j, (aj, bj) in parts.items():
+            a[j * r:j * r + rank].copy_(aj)
+            bt[:rank, self.offsets[j]:self.offsets[j] + self.slices[j]].copy_(bj.t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         mapping = get_context().lora_mapping
-        if mapping is None:
+        if mapping is None or not any(self.active):
             return out
         x2, o2 = x.reshape(-1, self.fan_in), out.view(-1, out.shape[-1])
-        for slot, rows in mapping.groups:
-            r = self.ranks[slot]
-            if r == 0:
-                continue
-            xs = x2 if rows is None else x2.index_select(0, rows)
-            h = xs @ self.lora_a[slot, :len(self.slices) * r].t()  # the shrink of every slice
-            if rows is None:  # the step's every row: added in place, slice by slice
-                for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
-                    o2[:, off:off + n].addmm_(h[:, j * r:(j + 1) * r],
-                                              self.lora_b[slot, off:off + n, :r].t())
-                continue
-            delta = torch.cat([h[:, j * r:(j + 1) * r] @ self.lora_b[slot, off:off + n, :r].t()
-                               for j, (off, n) in enumerate(zip(self.offsets, self.slices))],
-                              dim=1)
-            o2.index_add_(0, rows, delta.to(o2.dtype))
+        r, s = self.max_rank, len(self.slices)
+        if mapping.slot is not None:  # one adapter: its own A and B
+            if not self.active[mapping.slot]:
+                return out
+            h = x2 @ self._a(mapping.slot).t()  # [tokens, slices * rank]
+            bt = self.lora_bt[mapping.slot * r:(mapping.slot + 1) * r]
+            for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
+                o2[:, off:off + n].addmm_(h[:, j * r:(j + 1) * r], bt[:, off:off + n])
+            return out
+        assert mapping.mask is not None, "a mixed step maps its tokens to slots"
+        h = (x2 @ self.lora_a.t()).view(-1, self.max_loras, s, r)  # every slot's shrink
+        h.mul_(mapping.mask.to(h.dtype)[:, :, None, None])  # each token's own slot only
+        for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
+            hj = h[:, :, j].reshape(-1, self.max_loras * r)
+            o2[:, off:off + n].addmm_(hj, self.lora_bt[:, off:off + n])
         return out

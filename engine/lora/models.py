@@ -96,7 +96,9 @@ class LoRAModelManager:
         slot_of = {i: self._slot(r, set(present)) for i, r in present.items()}
         seq_slots = [-1 if r is None else slot_of[r.lora_int_id] for r in requests]
         if len(set(seq_slots)) == 1:
-            return LoRAMapping([(seq_slots[0], None)])
-        per_token = torch.repeat_interleave(torch.tensor(seq_slots), torch.tensor(counts))
-        return LoRAMapping([(s, (per_token == s).nonzero().squeeze(1))
-                            for s in sorted(set(slot_of.values()))])
+            return LoRAMapping(seq_slots[0])
+        # one row per sequence (a base sequence's all zero), repeated per token
+        rows = torch.zeros(len(seq_slots), self.cfg.max_loras, dtype=self.dtype)
+        adapted = [(i, s) for i, s in enumerate(seq_slots) if s >= 0]
+        rows[[i for i, _ in adapted], [s for _, s in adapted]] = 1
+        return LoRAMapping(None, rows.repeat_interleave(torch.tensor(counts), dim=0))

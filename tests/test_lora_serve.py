@@ -111,6 +111,10 @@ def test_load_and_unload_at_run_time(served):
         bad = httpx.post(url + "/load_lora_adapter", json=body)
         msg = bad.json()["error"]["message"]
         assert bad.status_code == 400 and needle in msg and "\n" not in msg, msg
+    # load_inplace: the name now serves other weights (a new id: the engine reads them)
+    r = httpx.post(url + "/load_lora_adapter", json={
+        "lora_name": "a3", "lora_path": str(served.dir / "a1"), "load_inplace": True})
+    assert r.status_code == 200 and _complete(served, "a3") == served.refs["a1"]
     r = httpx.post(url + "/unload_lora_adapter", json={"lora_name": "a3"})
     assert r.status_code == 200, r.text
     with pytest.raises(openai.NotFoundError):

@@ -60,10 +60,13 @@ class LoRAModels:
         self.parents: dict[str, str] = {}
         self._ids = itertools.count(1)
 
-    def add(self, name: str, path: str, parent: str | None = None) -> LoRARequest:
-        """Check the adapter against the model and serve it as `name`;
-        ValueError in one line (a name taken, an adapter that does not fit)."""
-        if name in self.requests or name in self.base_names:
+    def add(self, name: str, path: str, parent: str | None = None,
+            replace: bool = False) -> LoRARequest:
+        """Check the adapter against the model and serve it as `name` (replace:
+        instead of the adapter of that name, under a new id so that the engine
+        reads the new weights); ValueError in one line (a name taken, an
+        adapter that does not fit: the one served stays)."""
+        if (name in self.requests and not replace) or name in self.base_names:
             raise ValueError(f"The lora adapter '{name}' has already been loaded.")
         load_adapter(name, path, self.model, self.max_lora_rank)  # refused here, not mid-step
         req = LoRARequest(name, next(self._ids), str(path))
@@ -98,10 +101,8 @@ def add_lora_routes(app, state, deps: list) -> None:
         if not body.lora_name or not body.lora_path:
             raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.",
                            "lora_name" if not body.lora_name else "lora_path")
-        if body.load_inplace and body.lora_name in models.requests:
-            models.remove(body.lora_name)  # a new id: the engine loads the new weights
         try:
-            models.add(body.lora_name, body.lora_path)
+            models.add(body.lora_name, body.lora_path, replace=body.load_inplace)
         except ValueError as exc:
             raise APIError(400, str(exc), "lora_path" if "loaded" not in str(exc)
                            else "lora_name") from None

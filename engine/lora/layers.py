@@ -8,12 +8,32 @@ four or five matmuls a layer whatever the mix of adapters, never a pass per
 adapter. A step of one adapter uses its slot's A and B alone."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from engine.forward_context import get_context
+
+# A LoRA term of fewer multiply-adds than this runs on one thread: its matmuls
+# are tiny (a decode step's: 16 tokens x 192 ranks x 512 inputs, ~50 us), and a
+# parallel region's wake-up and barrier cost more than they do; on cores other
+# work keeps busy, far more (2 threads: 70 ms a region, measured, against 0.5 ms).
+SERIAL_MACS = 1 << 23
+
+
+@contextmanager
+def _threads_for(macs: int):
+    threads = torch.get_num_threads()
+    if macs >= SERIAL_MACS or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass
@@ -71,19 +91,26 @@ class LinearWithLoRA(nn.Module):
         if mapping is None or not any(self.active):
             return out
         x2, o2 = x.reshape(-1, self.fan_in), out.view(-1, out.shape[-1])
+        slots = 1 if mapping.slot is not None else self.max_loras
+        macs = x2.shape[0] * slots * self.max_rank * (len(self.slices) * self.fan_in
+                                                      + o2.shape[1])
+        with _threads_for(macs):
+            self._add_term(x2, o2, mapping)
+        return out
+
+    def _add_term(self, x2: torch.Tensor, o2: torch.Tensor, mapping: LoRAMapping) -> None:
         r, s = self.max_rank, len(self.slices)
         if mapping.slot is not None:  # one adapter: its own A and B
             if not self.active[mapping.slot]:
-                return out
+                return
             h = x2 @ self._a(mapping.slot).t()  # [tokens, slices * rank]
             bt = self.lora_bt[mapping.slot * r:(mapping.slot + 1) * r]
             for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
                 o2[:, off:off + n].addmm_(h[:, j * r:(j + 1) * r], bt[:, off:off + n])
-            return out
+            return
         assert mapping.mask is not None, "a mixed step maps its tokens to slots"
         h = (x2 @ self.lora_a.t()).view(-1, self.max_loras, s, r)  # every slot's shrink
         h.mul_(mapping.mask.to(h.dtype)[:, :, None, None])  # each token's own slot only
         for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
             hj = h[:, :, j].reshape(-1, self.max_loras * r)
             o2[:, off:off + n].addmm_(hj, self.lora_bt[:, off:off + n])
-        return out

@@ -8,7 +8,6 @@ four or five matmuls a layer whatever the mix of adapters, never a pass per
 adapter. A step of one adapter uses its slot's A and B alone."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -23,19 +22,6 @@ from engine.forward_context import get_context
 SERIAL_MACS = 1 << 23
 
 
-@contextmanager
-def _threads_for(macs: int):
-    threads = torch.get_num_threads()
-    if macs >= SERIAL_MACS or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @dataclass
 class LoRAMapping:
     """One step's tokens by adapter slot, set on the forward context by the
@@ -48,12 +34,16 @@ class LoRAMapping:
 
 class LinearWithLoRA(nn.Module):
     """`base` (a Linear whose output is `slices` side by side, e.g. q, k, v)
-    plus the slots' A, [max_loras * slices * max_rank, in] (slot l, slice j,
-    rank r at row (l * slices + j) * max_rank + r), and B transposed,
+    plus every slot's A twice: `lora_a`, [slices * max_loras * max_rank, in]
+    (slice j, slot l, rank r at row (j * max_loras + l) * max_rank + r: a
+    mixed step's shrink gives each slice's columns side by side, ready for its
+    expand), and `slot_a`, [max_loras * slices * max_rank, in] (slot-major: a
+    one-adapter step's rows, contiguous); and B transposed, `lora_bt`,
     [max_loras * max_rank, out] (slot l, rank r at row l * max_rank + r).
     Ranks under max_rank are zero-padded: the shapes stay fixed."""
 
     lora_a: torch.Tensor
+    slot_a: torch.Tensor
     lora_bt: torch.Tensor
 
     def __init__(self, base: nn.Module, fan_in: int, slices: tuple[int, ...], max_loras: int,
@@ -62,55 +52,66 @@ class LinearWithLoRA(nn.Module):
         self.base, self.fan_in, self.slices = base, fan_in, slices
         self.max_loras, self.max_rank = max_loras, max_rank
         self.offsets = [sum(slices[:j]) for j in range(len(slices))]
-        self.register_buffer("lora_a", torch.zeros(max_loras * len(slices) * max_rank, fan_in,
-                                                   dtype=dtype), persistent=False)
+        rows = len(slices) * max_loras * max_rank
+        for name in ("lora_a", "slot_a"):
+            self.register_buffer(name, torch.zeros(rows, fan_in, dtype=dtype), persistent=False)
         self.register_buffer("lora_bt", torch.zeros(max_loras * max_rank, sum(slices),
                                                     dtype=dtype), persistent=False)
         self.active = [False] * max_loras  # whether the slot adapts this layer
-
-    def _a(self, slot: int) -> torch.Tensor:
-        width = len(self.slices) * self.max_rank
-        return self.lora_a[slot * width:(slot + 1) * width]
+        self.any_active = False
+        # multiply-adds of one token's term per slot (the shrink of every slice, the expand)
+        self.macs_per_slot = max_rank * (len(slices) * fan_in + sum(slices))
 
     def set_slot(self, slot: int, rank: int,
                  parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Slot `slot` holds an adapter of `rank`: parts[j] = (A [rank, in],
         B [out_j, rank]) of slice j (slices it does not adapt stay zero)."""
-        a, bt, r = self._a(slot), self.lora_bt[slot * self.max_rank:(slot + 1) * self.max_rank], \
-            self.max_rank
-        a.zero_()
-        bt.zero_()
-        self.active[slot] = bool(parts)
+        r, n_slots, n_slices = self.max_rank, self.max_loras, len(self.slices)
+        mixed = self.lora_a.view(n_slices, n_slots, r, self.fan_in)[:, slot]
+        own = self.slot_a.view(n_slots, n_slices, r, self.fan_in)[slot]
+        bt = self.lora_bt[slot * r:(slot + 1) * r]
+        for t in (mixed, own, bt):
+            t.zero_()
         for j, (aj, bj) in parts.items():
-            a[j * r:j * r + rank].copy_(aj)
+            mixed[j, :rank].copy_(aj)
+            own[j, :rank].copy_(aj)
             bt[:rank, self.offsets[j]:self.offsets[j] + self.slices[j]].copy_(bj.t())
+        self.active[slot] = bool(parts)
+        self.any_active = any(self.active)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         mapping = get_context().lora_mapping
-        if mapping is None or not any(self.active):
+        if mapping is None or not self.any_active:
             return out
         x2, o2 = x.reshape(-1, self.fan_in), out.view(-1, out.shape[-1])
         slots = 1 if mapping.slot is not None else self.max_loras
-        macs = x2.shape[0] * slots * self.max_rank * (len(self.slices) * self.fan_in
-                                                      + o2.shape[1])
-        with _threads_for(macs):
+        threads = torch.get_num_threads()
+        serial = threads > 1 and x2.shape[0] * slots * self.macs_per_slot < SERIAL_MACS
+        if serial:
+            torch.set_num_threads(1)
+        try:
             self._add_term(x2, o2, mapping)
+        finally:
+            if serial:
+                torch.set_num_threads(threads)
         return out
 
     def _add_term(self, x2: torch.Tensor, o2: torch.Tensor, mapping: LoRAMapping) -> None:
-        r, s = self.max_rank, len(self.slices)
+        r, n_slots = self.max_rank, self.max_loras
         if mapping.slot is not None:  # one adapter: its own A and B
-            if not self.active[mapping.slot]:
+            slot = mapping.slot
+            if not self.active[slot]:
                 return
-            h = x2 @ self._a(mapping.slot).t()  # [tokens, slices * rank]
-            bt = self.lora_bt[mapping.slot * r:(mapping.slot + 1) * r]
+            width = len(self.slices) * r
+            h = x2 @ self.slot_a[slot * width:(slot + 1) * width].t()  # [tokens, slices x r]
+            bt = self.lora_bt[slot * r:(slot + 1) * r]
             for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
                 o2[:, off:off + n].addmm_(h[:, j * r:(j + 1) * r], bt[:, off:off + n])
             return
         assert mapping.mask is not None, "a mixed step maps its tokens to slots"
-        h = (x2 @ self.lora_a.t()).view(-1, self.max_loras, s, r)  # every slot's shrink
-        h.mul_(mapping.mask.to(h.dtype)[:, :, None, None])  # each token's own slot only
+        h = x2 @ self.lora_a.t()  # every slot's shrink: [tokens, slices x slots x r]
+        h.view(-1, len(self.slices), n_slots, r).mul_(mapping.mask[:, None, :, None])
+        width = n_slots * r
         for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
-            hj = h[:, :, j].reshape(-1, self.max_loras * r)
-            o2[:, off:off + n].addmm_(hj, self.lora_bt[:, off:off + n])
+            o2[:, off:off + n].addmm_(h[:, j * width:(j + 1) * width], self.lora_bt[:, off:off + n])

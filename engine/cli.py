@@ -85,6 +85,31 @@ def _speculative_config(text: str) -> dict:
     return json.loads(text)
 
 
+def lora_args(p: argparse.ArgumentParser) -> None:
+    from engine.lora.config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
+
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters over the model (docs/lora.md)")
+    p.add_argument("--lora-modules", nargs="+", type=_lora_module, default=None,
+                   metavar="NAME=DIR", help="adapters served by name at start: name=path, or "
+                   '\'{"name": ..., "path": ..., "base_model_name": ...}\'')
+    p.add_argument("--max-loras", type=int, default=None,
+                   help=f"adapters one step may mix (default {DEFAULT_MAX_LORAS})")
+    p.add_argument("--max-lora-rank", type=int, default=None,
+                   help=f"the largest adapter rank (default {DEFAULT_MAX_LORA_RANK})")
+    p.add_argument("--max-cpu-loras", type=int, default=None,
+                   help="adapters kept loaded in memory (default: --max-loras)")
+
+
+def _lora_module(text: str):
+    from engine.entrypoints.openai.serving_models import parse_lora_module
+
+    try:
+        return parse_lora_module(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parallel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="the share of GPU memory the engine may take, KV cache included "
@@ -158,6 +183,7 @@ def _serve_parser(sub) -> None:
     scheduler_args(s)
     speculative_args(s)
     parallel_args(s)
+    lora_args(s)
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: MODEL as given)")
     s.add_argument("--api-server-count", type=_positive, default=1, metavar="N",

@@ -12,6 +12,7 @@ import torch
 
 from engine import envs
 from engine.config import ModelConfig
+from engine.lora.config import LoRAConfig, lora_config
 from engine.model_executor.layers.parallel import TP_ARCHITECTURES, check_shardable, check_stages
 from engine.model_source import resolve_model, tokenizer_folder
 from engine.platforms import current as current_platform
@@ -53,6 +54,7 @@ class EngineConfig:
     pooler: PoolerConfig | None = None
     # --structured-outputs-config, as given (engine.structured_output checks it)
     structured_outputs_config: str | None = None
+    lora_config: LoRAConfig | None = None  # --enable-lora (engine/lora); None: no adapters
     # the folder of the tokenizer the front end uses (--tokenizer DIR; None: path's)
     tokenizer: Path | None = None
 
@@ -196,12 +198,17 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          speculative_config: str | dict | SpeculativeConfig | None = None,
                          structured_outputs_config: str | None = None,
                          tokenizer: str | None = None, hf_config_path: str | None = None,
-                         seed: int | None = None,
+                         seed: int | None = None, enable_lora: bool = False,
+                         max_loras: int | None = None, max_lora_rank: int | None = None,
+                         max_cpu_loras: int | None = None,
                          ) -> EngineConfig:
     spec = SpeculativeConfig.parse(speculative_config)  # before the model: fails fast
     path = resolve_model(model, tokenizer, hf_config_path)
     mc = ModelConfig.from_dir(path)
     pooler = resolve_runner(mc, path, runner, convert)
+    lora = lora_config(enable_lora, max_loras, max_lora_rank, max_cpu_loras,
+                       tensor_parallel_size * pipeline_parallel_size,
+                       "generate" if pooler is None else "pooling")
     torch_dtype = resolve_dtype(dtype, mc)
     if pooler is not None:
         if spec is not None:
@@ -245,7 +252,8 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                         budget, bind_threads, tensor_parallel_size, backend,
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
                         prefix, seed, spec, structured_outputs_config=structured_outputs_config,
-                        tokenizer=tokenizer_folder(path, tokenizer))
+                        tokenizer=tokenizer_folder(path, tokenizer),
+                        lora_config=lora)
 
 
 def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,
@@ -318,7 +326,8 @@ _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max
                     "tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size",
                     "distributed_executor_backend", "enable_chunked_prefill",
                     "enable_prefix_caching", "runner", "convert", "speculative_config",
-                    "structured_outputs_config", "tokenizer", "hf_config_path", "seed")
+                    "structured_outputs_config", "tokenizer", "hf_config_path", "seed",
+                    "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
 
 
 def cli_engine_args(args) -> dict:

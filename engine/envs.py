@@ -111,6 +111,13 @@ def zentorch_weight_prepack(env: Mapping[str, str] | None = None) -> bool:
     return _choice(_env(env), "VLLM_ZENTORCH_WEIGHT_PREPACK", ("0", "1"), "1") == "1"
 
 
+def allow_runtime_lora_updating(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_ALLOW_RUNTIME_LORA_UPDATING: upstream's switch for the
+    /v1/load_lora_adapter and /v1/unload_lora_adapter routes (with --enable-lora):
+    `1` or `true` (any case) serves them; unset (default) or anything else does not."""
+    return _env(env).get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true")
+
+
 def check_bounds(env: Mapping[str, str] | None = None) -> bool:
     """VLLM_CHECK_BOUNDS: `1` also bound-checks index tensors (slots, block tables,
     positions) on GPUs, `0` (default) only on the CPU. On a GPU each check reads

@@ -3,8 +3,12 @@ the model runner around each forward pass, read by every attention layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.lora.layers import LoRAMapping
 
 
 @dataclass
@@ -17,6 +21,8 @@ class ForwardContext:
     query_start_loc: torch.Tensor | None = None  # prefill: cu_seqlens as [seqs + 1] int32
     # pooling (no KV cache): runs of equal-length sequences, (first token, count, length)
     length_groups: list[tuple[int, int, int]] | None = None
+    # --enable-lora: the step's tokens by adapter slot (engine/lora); None: all the base's
+    lora_mapping: LoRAMapping | None = None
 
 
 _current: ForwardContext | None = None

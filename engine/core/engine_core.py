@@ -56,6 +56,8 @@ class EngineCore:
             c.tokenizer_path, c.model.vocab_size, list(c.model.eos_token_ids),
             StructuredOutputsConfig.parse(c.structured_outputs_config))
         self.scheduler.structured_output = self.structured_output
+        if c.lora_config is not None:  # a step mixes at most max_loras adapters
+            self.scheduler.max_loras = c.lora_config.max_loras
         self.compiling: list[Sequence] = []  # their grammar compiles; scheduled once it has
         if c.seed is not None:  # unseeded requests draw from the global generator
             torch.manual_seed(c.seed)
@@ -87,7 +89,12 @@ class EngineCore:
             raise ValueError(f"request {req.request_id}: token_type_ids must be one per token, "
                              "each a type the model has")
         seq = Sequence(ids, req.sampling_params or NO_SAMPLING, req.request_id, req.client_index)
+        if req.lora_request is not None and self.engine_config.lora_config is None:
+            raise ValueError(f"request {req.request_id}: LoRA adapter "
+                             f"{req.lora_request.lora_name!r} asked; start the engine with "
+                             "--enable-lora")
         seq.pooling_params, seq.token_type_ids = req.pooling_params, types
+        seq.lora_request = req.lora_request
         self.requests[seq.request_id] = seq
         if req.sampling_params is not None and req.sampling_params.structured_outputs is not None:
             self.structured_output.grammar_init(seq)

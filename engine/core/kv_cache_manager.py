@@ -46,6 +46,13 @@ def block_hash(parent: bytes, token_ids) -> bytes:
     return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
 
 
+def root_hash(seq: Sequence) -> bytes:
+    """The parent hash of a sequence's first block: an adapter's own
+    (engine/lora), its K/V differ from the base model's for the same tokens."""
+    lora = seq.lora_request
+    return _ROOT if lora is None else f"lora:{lora.lora_int_id}".encode()
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -76,7 +83,7 @@ class BlockManager:
         the sequence: its tokens never change)."""
         hashes, bs = seq.block_hashes, self.block_size
         while len(hashes) < num_full:
-            parent = hashes[-1] if hashes else _ROOT
+            parent = hashes[-1] if hashes else root_hash(seq)
             i = len(hashes)
             hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs]))
         return hashes[:num_full]
@@ -104,7 +111,7 @@ class BlockManager:
         if not self.partial or seq.params.prompt_logprobs is not None:
             return None
         start = num_full * bs
-        parent = self._hashes(seq, num_full)[-1] if num_full else _ROOT
+        parent = self._hashes(seq, num_full)[-1] if num_full else root_hash(seq)
         longest = min(bs - 1, len(seq) - 1 - start) // part
         for k in range(longest, 0, -1):
             block = self.partial.get(block_hash(parent, seq.token_ids[start:start + k * part]))
@@ -156,7 +163,7 @@ class BlockManager:
             i, n = divmod(p, bs)
             if n == 0:
                 continue
-            parent = seq.block_hashes[i - 1] if i else _ROOT
+            parent = seq.block_hashes[i - 1] if i else root_hash(seq)
             h = block_hash(parent, seq.token_ids[i * bs:p])
             if h not in self.partial:  # the first block written with these tokens keeps them
                 block = seq.block_table[i]

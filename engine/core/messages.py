@@ -8,6 +8,7 @@ import enum
 
 import msgspec
 
+from engine.lora.request import LoRARequest
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.metrics import SpecDecodingStats
@@ -29,6 +30,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     client_index: int = 0  # which API server process hears its outputs
     pooling_params: PoolingParams | None = None  # a pooling engine's request (upstream's)
     token_type_ids: list[int] | None = None  # BERT's token types (a pair's second text: 1)
+    lora_request: LoRARequest | None = None  # its adapter (--enable-lora); None: the base
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

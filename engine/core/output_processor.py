@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.messages import EngineCoreOutput, EngineCoreRequest
 from engine.core.sequence import PromptAndOutput
+from engine.lora.request import LoRARequest
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
@@ -66,6 +67,7 @@ class RequestState(PromptAndOutput):
         self.pooling_params: PoolingParams | None = None
         self.token_type_ids: list[int] | None = None
         self.pooled: bytes | None = None
+        self.lora_request: LoRARequest | None = None  # its adapter (engine/lora)
 
     def core_request(self, client_index: int = 0) -> EngineCoreRequest:
         prompt = self.token_ids[:self.num_prompt_tokens]
@@ -73,7 +75,7 @@ class RequestState(PromptAndOutput):
             return EngineCoreRequest(self.request_id, prompt, None, time.time(), client_index,
                                      self.pooling_params, self.token_type_ids)
         return EngineCoreRequest(self.request_id, prompt, self.params, time.time(),
-                                 client_index)
+                                 client_index, lora_request=self.lora_request)
 
     @property
     def detokenizer(self) -> IncrementalDetokenizer:

@@ -83,6 +83,7 @@ class Scheduler:
         # with speculative decoding: acceptance totals (engine/spec_decode)
         self.spec_stats: SpecDecodingStats | None = None
         self._draft_reserve = 0  # free blocks a step's drafts leave (its decodes' need)
+        self.max_loras: int | None = None  # --enable-lora: adapters the running may mix
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -189,9 +190,13 @@ class Scheduler:
                 budget -= n
                 batch.append(seq)
         # as upstream: no new prompt in a step that had to preempt
+        skipped: list[Sequence] = []  # their adapter waits for a slot (--max-loras)
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
             head = self.waiting[0]
+            if self._lora_waits(head, ()):
+                skipped.append(self.waiting.popleft())
+                continue
             computed = self.blocks.computed_blocks(head)
             left = len(head) - len(computed) * self.blocks.block_size
             allowed = min(budget, chunk if left <= chunk else long_left)
@@ -206,6 +211,7 @@ class Scheduler:
             self.running.append(seq)
             batch.append(seq)
             budget -= n
+        self.waiting.extendleft(reversed(skipped))
         return batch
 
     def copies_done(self) -> None:
@@ -218,8 +224,12 @@ class Scheduler:
     def _schedule_prefill_first(self) -> list[Sequence]:
         batch: list[Sequence] = []
         tokens = 0
+        skipped: list[Sequence] = []  # their adapter waits for a slot (--max-loras)
         while self.waiting and len(self.running) + len(batch) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self._lora_waits(seq, batch):
+                skipped.append(self.waiting.popleft())
+                continue
             # whole prompts: the budget (>= max_model_len) bounds the batch, not a prompt
             n = self._admit(seq, None if not batch else self.max_num_batched_tokens - tokens)
             if n is None:
@@ -227,6 +237,7 @@ class Scheduler:
             self.waiting.popleft()
             tokens += n
             batch.append(seq)
+        self.waiting.extendleft(reversed(skipped))
         if batch:
             self.running.extend(batch)
             return batch
@@ -249,6 +260,17 @@ class Scheduler:
                 batch.append(seq)
         self.running.extendleft(reversed(batch))
         return batch
+
+    def _lora_waits(self, seq: Sequence, admitted) -> bool:
+        """With --enable-lora: the sequence's adapter is not among the running
+        ones (and those `admitted` this step), which already number max_loras:
+        it waits (as upstream), others behind it go on."""
+        lora = seq.lora_request
+        if lora is None or self.max_loras is None:
+            return False
+        active = {s.lora_request.lora_int_id for q in (self.running, admitted) for s in q
+                  if s.lora_request is not None}
+        return lora.lora_int_id not in active and len(active) >= self.max_loras
 
     def _fit_drafts(self, seq: Sequence, n: int) -> int:
         """A decode's tokens this step (n: its last token and drafts, or fewer

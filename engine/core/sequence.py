@@ -7,6 +7,7 @@ import itertools
 
 import torch
 
+from engine.lora.request import LoRARequest
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
@@ -97,6 +98,7 @@ class Sequence(PromptAndOutput):
         # that the step verifies after its last token, and how many it accepted
         self.spec_token_ids: list[int] = []
         self.num_accepted_drafts = 0
+        self.lora_request: LoRARequest | None = None  # its adapter (engine/lora); None: the base
 
     @property
     def finish_reason(self) -> str | None:

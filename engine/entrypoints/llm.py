@@ -16,6 +16,7 @@ from engine.core.input_processor import InputProcessor, load_tokenizer
 from engine.core.output_processor import OutputProcessor, RequestState
 from engine.entrypoints.llm_pooling import PoolingMixin
 from engine.executor.data_parallel import engine_core
+from engine.lora.request import LoRARequest
 from engine.model_source import tokenizer_folder
 from engine.sampling_params import SamplingParams, with_model_defaults
 
@@ -64,10 +65,14 @@ class LLM(PoolingMixin):
 
     def generate(self, prompts=None,
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
-                 prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
+                 prompt_token_ids: list[list[int]] | None = None,
+                 lora_request: LoRARequest | Seq[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in prompt order. Prompts are strings,
         token id lists (or given as prompt_token_ids=), or upstream's prompt
-        dicts: {"prompt": text} and {"prompt_token_ids": ids}."""
+        dicts: {"prompt": text} and {"prompt_token_ids": ids}. lora_request:
+        the adapter of every prompt, or one per prompt (None: the base model;
+        the engine needs enable_lora=True)."""
         tasks = self._tasks()
         if tasks:
             raise ValueError(f"generate: this is a pooling model; it serves {', '.join(tasks)} "
@@ -84,9 +89,15 @@ class LLM(PoolingMixin):
             [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        loras: list[LoRARequest | None] = [lora_request] * len(prompts) \
+            if lora_request is None or isinstance(lora_request, LoRARequest) else list(lora_request)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(loras)} LoRA requests")
         batch = next(self._batches)
         states = [self.processor.make_request(f"offline-{batch}-{i}", p, sp, i)
                   for i, (p, sp) in enumerate(zip(prompts, params))]
+        for state, lora in zip(states, loras):
+            state.lora_request = lora
         output = OutputProcessor()
         for state in states:
             output.add(state)

@@ -8,6 +8,7 @@ import logging
 from engine import envs
 from engine.core.kv_cache_manager import BlockManager
 from engine.engine_args import EngineConfig
+from engine.lora.models import LoRAModelManager
 from engine.model_executor.gguf_loader import load_gguf
 from engine.model_executor.layers import quantization
 from engine.model_executor.layers.linear import log_cpu_linear_choice
@@ -30,6 +31,9 @@ def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
     model, linear_mode = _load(config)
     runner = ModelRunner(model, blocks, config.dtype, current_platform().device())
     runner.linear_mode = linear_mode
+    if config.lora_config is not None:  # after the weights are laid out: it wraps the layers
+        runner.lora_manager = LoRAModelManager(model, config.model, config.lora_config,
+                                               config.dtype)
     return runner
 
 

@@ -15,6 +15,8 @@ from engine.core.sequence import Sequence
 from engine.distributed.communication_op import recv_tensors, send_tensors
 from engine.distributed.parallel_state import pp_rank, pp_size, tp_rank, tp_size
 from engine.forward_context import ForwardContext, set_context
+from engine.lora.layers import LoRAMapping
+from engine.lora.models import LoRAModelManager
 from engine.model_executor.layers.sampler import sample
 from engine.model_executor.models.llama import LlamaForCausalLM
 from engine.platforms import cpu_hugepages
@@ -39,6 +41,7 @@ def _commit(caches: list[torch.Tensor], background: bool) -> None:
 
 class ModelRunner:
     linear_mode: str  # how its linear layers are laid out (set by build_runner)
+    lora_manager: LoRAModelManager | None = None  # --enable-lora (set by build_runner)
 
     def __init__(self, model: LlamaForCausalLM, blocks: BlockManager, dtype: torch.dtype,
                  device: torch.device):
@@ -80,7 +83,12 @@ class ModelRunner:
         return sample_step(logits, seqs, self.model.config.eos_token_ids, bitmask)
 
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
-        return prepare_inputs(self.blocks, self.device, seqs, is_prefill)
+        x = prepare_inputs(self.blocks, self.device, seqs, is_prefill)
+        if self.lora_manager is not None:
+            counts = [b - a for a, b in zip(x.cu_seqlens, x.cu_seqlens[1:])] \
+                if x.cu_seqlens is not None else [1] * len(seqs)
+            x.lora_mapping = self.lora_manager.mapping([s.lora_request for s in seqs], counts)
+        return x
 
     @torch.inference_mode()
     def execute(self, x: StepInputs) -> torch.Tensor | None:
@@ -90,7 +98,8 @@ class ModelRunner:
             self._copy_kv(x.kv_copies)
         set_context(ForwardContext(x.is_prefill, x.slots, cu_seqlens=x.cu_seqlens,
                                    block_tables=x.block_tables, seq_lens=x.seq_lens,
-                                   query_start_loc=x.query_start_loc))
+                                   query_start_loc=x.query_start_loc,
+                                   lora_mapping=x.lora_mapping))
         try:
             if pp_size() == 1:
                 return self.model(x.ids, x.positions, x.last)
@@ -141,6 +150,7 @@ class StepInputs:
     query_start_loc: torch.Tensor | None  # prefill: where each sequence's queries start
     # partial prefix hits: (source block, block, rows) copied before the step
     kv_copies: list[tuple[int, int, int]]
+    lora_mapping: LoRAMapping | None = None  # --enable-lora: tokens by adapter slot
 
 
 def sample_step(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids,

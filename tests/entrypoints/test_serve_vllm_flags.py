@@ -21,8 +21,9 @@ def _serve_error(capsys, *argv) -> str:
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--lora-modules", "a=b"], "--lora-modules is not supported by this engine: LoRA"),
-    (["--enable-lora"], "--enable-lora is not supported"),
+    (["--lora-modules", "a=b"], "--lora-modules serves adapters; add --enable-lora"),
+    (["--enable-lora", "--lora-dtype", "float16"], "--lora-dtype float16: not supported by "
+     "this engine (adapters run in the model's dtype)"),
     (["--quantization", "awq"], "--quantization is not supported by this engine: the "
      "quantization is read from the checkpoint's config.json"),
     (["--ssl-keyfile", "k.pem"], "--ssl-keyfile is not supported"),

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine import envs
 from engine.entrypoints.openai.http_metrics import HttpMetrics
 from engine.entrypoints.openai.openapi_errors import PROBE_RESPONSES, document_errors
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -26,6 +27,7 @@ from engine.entrypoints.openai.serving_engine import (
     json_body,
     serve_options,
 )
+from engine.entrypoints.openai.serving_models import add_lora_routes
 from engine.entrypoints.openai.serving_pooling import (
     ClassificationRequest,
     EmbeddingRequest,
@@ -129,10 +131,14 @@ def build_app(state: ServerState, docs: bool = True,
 
     @app.get("/v1/models", dependencies=v1)
     async def models():
+        adapters = state.lora.cards() if state.lora is not None else []
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": state.created, "owned_by": "vllm-engine",
              "root": str(state.model_dir), "parent": None, "max_model_len": state.max_model_len}
-            for name in state.model_names]}
+            for name in state.model_names] + [{**a, "created": state.created} for a in adapters]}
+
+    if state.lora is not None and envs.allow_runtime_lora_updating():
+        add_lora_routes(app, state, v1_json)
 
     @app.post("/v1/completions", dependencies=v1_generate)
     async def completions(body: CompletionRequest, request: Request):

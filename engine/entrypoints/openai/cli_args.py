@@ -23,11 +23,10 @@ ONLY: dict[str, tuple[tuple, str]] = {
     "--chat-template-content-format": (("auto", "string"),
                                       "message content parts are joined into one string"),
     "--model-impl": (("auto", "vllm"), "the engine's own model code runs"),
+    "--lora-dtype": (("auto",), "adapters run in the model's dtype"),
 }
 # flag -> why this engine cannot honour it (refused whenever it is given)
 REFUSED: dict[str, str] = {
-    "--lora-modules": "LoRA adapters are not implemented",
-    "--enable-lora": "LoRA adapters are not implemented",
     "--limit-mm-per-prompt": "this engine serves text models only",
     "--quantization": "the quantization is read from the checkpoint's config.json; leave it "
                       "unset",
@@ -40,9 +39,6 @@ REFUSED: dict[str, str] = {
     "--headless": "the engine core and its API server start together",
     "--kv-transfer-config": "disaggregated prefill is not implemented",
     "--cpu-offload-gb": "weights stay in memory",
-    "--lora-dtype": "LoRA adapters are not implemented",
-    "--max-loras": "LoRA adapters are not implemented",
-    "--max-lora-rank": "LoRA adapters are not implemented",
 }
 # flags whose effect is already this engine's only behaviour: taken, nothing to do
 NO_OP_BOOLS = {
@@ -140,6 +136,7 @@ def check_args(args) -> None:
         if value is not None and value not in ok:
             raise ValueError(f"{flag} {value}: not supported by this engine ({why}); use "
                              f"{' or '.join(ok)} or leave it unset")
+    check_lora_args(args)
     if args.max_logprobs is not None and args.max_logprobs < -1:
         raise ValueError(f"--max-logprobs must be -1 (the vocabulary) or >= 0, got "
                          f"{args.max_logprobs}")
@@ -148,3 +145,16 @@ def check_args(args) -> None:
             and all(isinstance(o, str) for o in args.allowed_origins)):
         raise ValueError("--allowed-origins must be a JSON list of strings, e.g. "
                          "'[\"https://example.com\"]'")
+
+
+def check_lora_args(args) -> None:
+    """The LoRA flags together (engine/lora): ValueError in one line."""
+    from engine import envs
+
+    if not getattr(args, "enable_lora", False):
+        if getattr(args, "lora_modules", None):
+            raise ValueError("--lora-modules serves adapters; add --enable-lora")
+        return
+    if getattr(args, "api_server_count", 1) > 1 and envs.allow_runtime_lora_updating():
+        raise ValueError("VLLM_ALLOW_RUNTIME_LORA_UPDATING with --api-server-count > 1: each "
+                         "API server would hold its own adapters; use --api-server-count 1")

@@ -53,6 +53,9 @@ class _Front:
         self.special_tokens = chat_utils.special_tokens(tok_path)
         self.max_tok_bytes = max_token_bytes(self.tokenizer)
         tool_calls(args)
+        from engine.entrypoints.openai.serving_models import lora_models
+
+        self.lora = lora_models(args, mc, args.served_model_name or [args.model])
 
 
 def tool_calls(args) -> None:
@@ -145,7 +148,8 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
                         max_tok_bytes=front.max_tok_bytes,
                         tool_call_parser=args.tool_call_parser,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
-                        reasoning_parser=args.reasoning_parser, options=options)
+                        reasoning_parser=args.reasoning_parser, options=options,
+                        lora=front.lora)
     if front.template is None and client.client_index == 0 and not ready.pooling_tasks:
         logger.warning("%s has no chat template: /v1/chat/completions will answer 400",
                        front.path)

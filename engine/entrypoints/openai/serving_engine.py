@@ -21,7 +21,9 @@ from engine.entrypoints.openai import structured_outputs
 from engine.entrypoints.openai.metrics import Metrics
 from engine.entrypoints.openai.protocol import _Sampling
 from engine.entrypoints.openai.request_limits import prompt_surely_too_long
+from engine.entrypoints.openai.serving_models import LoRAModels
 from engine.entrypoints.openai.structured_outputs import StructuredOutputError
+from engine.lora.request import LoRARequest
 from engine.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
@@ -102,6 +104,7 @@ class ServerState:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
+    lora: LoRAModels | None = None  # --enable-lora: the adapters served by name
 
 
 def failure_response(line: str) -> JSONResponse:
@@ -127,9 +130,14 @@ def check_prompt_fits(state: ServerState, text: str, param: str) -> None:
 def check_request(state: ServerState, body: _Sampling) -> str:
     """The served model name the request asked for; refuses unknown models and
     options this engine does not implement."""
-    if body.model is not None and body.model not in state.model_names:
+    adapter = lora_request(state, body.model)
+    if body.model is not None and body.model not in state.model_names and adapter is None:
+        served = state.model_names + (list(state.lora.requests) if state.lora else [])
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
-                       f"{', '.join(state.model_names)}", "model")
+                       f"{', '.join(served)}", "model")
+    if adapter is not None and getattr(body, "use_beam_search", False):
+        raise APIError(400, "use_beam_search: beam search runs the base model only; leave it "
+                       "out with a LoRA adapter", "use_beam_search")
     bad = body.unsupported()
     if bad:
         raise APIError(400, f"{bad} is not supported by this engine; leave it unset", bad)
@@ -144,6 +152,11 @@ def check_request(state: ServerState, body: _Sampling) -> str:
             raise APIError(400, f"{name}: at most {bound} (the server's --max-logprobs), "
                            f"got {asked}", name)
     return body.model or state.model_names[0]
+
+
+def lora_request(state: ServerState, name: str | None) -> LoRARequest | None:
+    """The adapter a request's `model` names; None: the base model."""
+    return state.lora.requests.get(name) if state.lora is not None and name else None
 
 
 async def output_constraint(body: _Sampling, given: tuple | None = None

@@ -10,7 +10,12 @@ from fastapi import Request
 
 from engine.entrypoints.openai.protocol import _Sampling
 from engine.entrypoints.openai.request_id import header_id
-from engine.entrypoints.openai.serving_engine import APIError, ServerState, check_prompt_fits
+from engine.entrypoints.openai.serving_engine import (
+    APIError,
+    ServerState,
+    check_prompt_fits,
+    lora_request,
+)
 from engine.sampling_params import StructuredOutputsParams
 
 
@@ -103,6 +108,9 @@ async def make_sequences(state: ServerState, body: _Sampling, prompt, prompt_ind
                           for p in params[1:]]
     except ValueError as exc:
         raise APIError(400, str(exc), "prompt") from None
+    lora = lora_request(state, body.model)
+    for s in seqs:
+        s.lora_request = lora
     for s in seqs[1:]:
         s.prompt = first.prompt
     n = seqs[0].num_prompt_tokens

@@ -192,7 +192,7 @@ void quant_rows(int8_t* q, float* scale, const T* x, int64_t M, int64_t K, int64
 }
 
 template <typename Ops, int NP, int MR_MAX, typename T>
-void int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const int8_t* packed,
+int64_t int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const int8_t* packed,
                         const float* w_scale, const int32_t* comp, int64_t M, int64_t N,
                         int64_t K, int64_t ldo) {
   using A = typename Ops::A;
@@ -203,6 +203,7 @@ void int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const int
   const int64_t groups = (panels + NP - 1) / NP;
   const int64_t tiles = (M + MR_MAX - 1) / MR_MAX;
   A* a = static_cast<A*>(scratch(2, M * steps * sizeof(A)));
+  if (a == nullptr) return static_cast<int64_t>(M * steps * sizeof(A));
   const bool threads = M * N * K >= (int64_t{1} << 18);
 #pragma omp parallel if (threads)
   {
@@ -241,26 +242,28 @@ void int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const int
       }
     }
   }
+  return 0;
 }
 
 template <typename T>
-void int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* packed,
-                   const float* w_scale, const int32_t* comp, int64_t M, int64_t N, int64_t K,
-                   int64_t ldx, int64_t ldo) {
+int64_t int8_linear_t(T* out, const T* x, const float* static_scale, const int8_t* packed,
+                      const float* w_scale, const int32_t* comp, int64_t M, int64_t N, int64_t K,
+                      int64_t ldx, int64_t ldo) {
   int8_t* q = static_cast<int8_t*>(scratch(0, M * K));
+  if (q == nullptr) return M * K;
   float* a_scale = static_cast<float*>(scratch(1, sizeof(float) * M));
+  if (a_scale == nullptr) return static_cast<int64_t>(sizeof(float) * M);
   quant_rows(q, a_scale, x, M, K, ldx, static_scale, K);
 #ifdef __AVX512VNNI__
   // 16 rows by one panel at decode (the weight read once), 8 rows by two
   // panels for more (two weight loads per 16 dot products), as linear_impl.h.
   if (M <= 16)
-    int8_linear_shaped<I8Vnni, 1, 16>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
-  else
-    int8_linear_shaped<I8Vnni, 2, 8>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
+    return int8_linear_shaped<I8Vnni, 1, 16>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
+  return int8_linear_shaped<I8Vnni, 2, 8>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
 #elif ENGINE_VEC_WIDTH == 16
-  int8_linear_shaped<I8Widen, 1, 8>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
+  return int8_linear_shaped<I8Widen, 1, 8>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
 #else
-  int8_linear_shaped<I8Widen, 1, 2>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
+  return int8_linear_shaped<I8Widen, 1, 2>(out, q, a_scale, packed, w_scale, comp, M, N, K, ldo);
 #endif
 }
 
@@ -348,14 +351,16 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_block(
   _tile_stored(3, c + 3 * kPanel, LDC);
 }
 
+// False (nothing written) when its scratch cannot be allocated.
 template <typename T>
-__attribute__((target("amx-tile,amx-int8"))) void int8_linear_amx_t(
+__attribute__((target("amx-tile,amx-int8"))) bool int8_linear_amx_t(
     T* out, const T* x, const float* static_scale, const int8_t* packed, const float* w_scale,
     int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
   constexpr int NP = kAmxPanels;
   const int64_t ldq = (K + 63) / 64 * 64;  // rows zero-padded to whole 64-byte tiles
   int8_t* q = static_cast<int8_t*>(scratch(0, M * ldq));
   float* a_scale = static_cast<float*>(scratch(1, sizeof(float) * M));
+  if (q == nullptr || a_scale == nullptr) return false;
   quant_rows(q, a_scale, x, M, K, ldx, static_scale, ldq);
   const int64_t steps = (K + 3) / 4, full = steps / 16, tail = steps % 16;
   const int64_t panel_size = steps * 4 * kPanel;
@@ -389,5 +394,6 @@ __attribute__((target("amx-tile,amx-int8"))) void int8_linear_amx_t(
     }
     if (configured) _tile_release();
   }
+  return true;
 }
 #endif  // AMX-INT8

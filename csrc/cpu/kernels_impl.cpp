@@ -7,6 +7,8 @@
 #include "kernels.h"
 #include "scalar.h"
 #include "amx.h"
+#include "scratch.h"
+#include "wna16.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -16,7 +18,7 @@
 #error "ENGINE_ISA must be defined (avx2, avx512 or generic)"
 #endif
 
-namespace engine_cpu {
+namespace engine::cpu {
 namespace {
 
 // ---- element conversion ---------------------------------------------------
@@ -335,14 +337,16 @@ inline void scale_row(T* y, const float* x, const float* w, int64_t n, float inv
 // Per-thread float copies of the weight and of one row, for bfloat16 only:
 // converting the weight once per thread instead of once per row, and the row
 // once instead of once per pass, is most of a bfloat16 norm's arithmetic.
+// failed(): the bytes a thread could not allocate (it then skips its rows).
 template <typename T>
 struct NormScratch {
-  float* buf = nullptr;
-  const float* wf;
+  Allocs mem;
+  const float* wf = nullptr;
   float* row = nullptr;
   NormScratch(const T* w, int64_t hidden) {
     if constexpr (IsBf16<T>::value) {
-      buf = static_cast<float*>(malloc(sizeof(float) * 2 * hidden));
+      float* buf = mem.get<float>(2 * hidden);
+      if (buf == nullptr) return;
       to_float_pairs(buf, w, hidden);  // in pair order, as the rows are read
       wf = buf;
       row = buf + hidden;
@@ -350,17 +354,20 @@ struct NormScratch {
       wf = reinterpret_cast<const float*>(w);
     }
   }
-  ~NormScratch() { free(buf); }
+  int64_t failed() const { return mem.failed(); }
 };
 
 template <typename T>
-void rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
-                  int64_t in_stride, int64_t out_stride, float eps) {
+int64_t rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
+                     int64_t in_stride, int64_t out_stride, float eps) {
+  int64_t failed = 0;
 #pragma omp parallel if (worth_threads(rows * hidden))
   {
     NormScratch<T> sc(w, hidden);
+    if (sc.failed()) note_failed(failed, sc.failed());
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
+      if (sc.failed()) continue;
       const T* x = in + r * in_stride;
       float acc = sum_squares(x, hidden, sc.row);
       const float* xf = sc.row ? sc.row : reinterpret_cast<const float*>(x);
@@ -368,16 +375,20 @@ void rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
                 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
     }
   }
+  return failed;
 }
 
 template <typename T>
-void fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hidden,
-                            int64_t in_stride, int64_t res_stride, float eps) {
+int64_t fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hidden,
+                               int64_t in_stride, int64_t res_stride, float eps) {
+  int64_t failed = 0;
 #pragma omp parallel if (worth_threads(rows * hidden))
   {
     NormScratch<T> sc(w, hidden);
+    if (sc.failed()) note_failed(failed, sc.failed());
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
+      if (sc.failed()) continue;
       T* x = in + r * in_stride;
       T* z = res + r * res_stride;
       // The residual is stored in T and the norm is taken of what was stored.
@@ -411,6 +422,7 @@ void fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hid
       scale_row(x, zf, sc.wf, hidden, 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
     }
   }
+  return failed;
 }
 
 // neox rotary of one head: v[i], v[i + half] rotated by (cos[i], sin[i]).
@@ -470,7 +482,7 @@ void rotary_vec(const int64_t* positions, T* x, const T* cache, int64_t tokens,
 // ---- rms_norm / fused_add_rms_norm -----------------------------------------
 
 template <typename T>
-void rms_norm_t(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
+int64_t rms_norm_t(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
                 int64_t in_stride, int64_t out_stride, float eps) {
 #pragma omp parallel for schedule(static) if (worth_threads(rows * hidden))
   for (int64_t r = 0; r < rows; ++r) {
@@ -488,10 +500,11 @@ void rms_norm_t(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
       y[i] = Elem<T>::store(Elem<T>::load(x[i]) * inv * Elem<T>::load(w[i]));
     }
   }
+  return 0;
 }
 
 template <typename T>
-void fused_add_rms_norm_t(T* in, T* res, const T* w, int64_t rows,
+int64_t fused_add_rms_norm_t(T* in, T* res, const T* w, int64_t rows,
                           int64_t hidden, int64_t in_stride, int64_t res_stride,
                           float eps) {
 #pragma omp parallel for schedule(static) if (worth_threads(rows * hidden))
@@ -514,6 +527,7 @@ void fused_add_rms_norm_t(T* in, T* res, const T* w, int64_t rows,
       x[i] = Elem<T>::store(Elem<T>::load(z[i]) * inv * Elem<T>::load(w[i]));
     }
   }
+  return 0;
 }
 
 // ---- silu_and_mul -----------------------------------------------------------
@@ -771,24 +785,21 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
 #define fused_add_rms_norm_t fused_add_rms_norm_vec
 #endif
 
-void rms_norm(DType dt, void* out, const void* in, const void* w, int64_t rows,
-              int64_t hidden, int64_t is, int64_t os, float eps) {
+int64_t rms_norm(DType dt, void* out, const void* in, const void* w, int64_t rows,
+                 int64_t hidden, int64_t is, int64_t os, float eps) {
   if (dt == DType::kFloat32)
-    rms_norm_t(static_cast<float*>(out), static_cast<const float*>(in),
+    return rms_norm_t(static_cast<float*>(out), static_cast<const float*>(in),
                static_cast<const float*>(w), rows, hidden, is, os, eps);
-  else
-    rms_norm_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in),
+  return rms_norm_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in),
                static_cast<const uint16_t*>(w), rows, hidden, is, os, eps);
 }
 
-void fused_add_rms_norm(DType dt, void* in, void* res, const void* w,
-                        int64_t rows, int64_t hidden, int64_t is, int64_t rs,
-                        float eps) {
+int64_t fused_add_rms_norm(DType dt, void* in, void* res, const void* w, int64_t rows,
+                           int64_t hidden, int64_t is, int64_t rs, float eps) {
   if (dt == DType::kFloat32)
-    fused_add_rms_norm_t(static_cast<float*>(in), static_cast<float*>(res),
+    return fused_add_rms_norm_t(static_cast<float*>(in), static_cast<float*>(res),
                          static_cast<const float*>(w), rows, hidden, is, rs, eps);
-  else
-    fused_add_rms_norm_t(static_cast<uint16_t*>(in), static_cast<uint16_t*>(res),
+  return fused_add_rms_norm_t(static_cast<uint16_t*>(in), static_cast<uint16_t*>(res),
                          static_cast<const uint16_t*>(w), rows, hidden, is, rs, eps);
 }
 
@@ -853,18 +864,17 @@ int64_t paged_attention(DType dt, void* out, const void* query, const void* kc,
 
 #include "prefill_attention_impl.h"
 
-void paged_prefill_attention(DType dt, void* out, const void* query, const void* kc,
-                             const void* vc, const int32_t* bt, const int32_t* qsl,
-                             const int32_t* sl, int64_t seqs, int64_t heads, int64_t kv_heads,
-                             int64_t head_size, int64_t block_size, int64_t max_blocks,
-                             float scale, int64_t sliding_window) {
+int64_t paged_prefill_attention(DType dt, void* out, const void* query, const void* kc,
+                                const void* vc, const int32_t* bt, const int32_t* qsl,
+                                const int32_t* sl, int64_t seqs, int64_t heads, int64_t kv_heads,
+                                int64_t head_size, int64_t block_size, int64_t max_blocks,
+                                float scale, int64_t sliding_window) {
   if (dt == DType::kFloat32)
-    paged_prefill_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
+    return paged_prefill_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
                               static_cast<const float*>(kc), static_cast<const float*>(vc), bt,
                               qsl, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks,
                               scale, sliding_window);
-  else
-    paged_prefill_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
+  return paged_prefill_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
                               static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),
                               bt, qsl, sl, seqs, heads, kv_heads, head_size, block_size,
                               max_blocks, scale, sliding_window);
@@ -873,28 +883,26 @@ void paged_prefill_attention(DType dt, void* out, const void* query, const void*
 #ifdef ENGINE_VEC_WIDTH
 #include "linear_impl.h"
 
-void linear(DType dt, void* out, const void* x, const void* packed, const void* bias, int64_t M,
-            int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+int64_t linear(DType dt, void* out, const void* x, const void* packed, const void* bias,
+               int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
   if (dt == DType::kFloat32)
-    linear_t<FmaTile<float>>(static_cast<float*>(out), static_cast<const float*>(x),
+    return linear_t<FmaTile<float>>(static_cast<float*>(out), static_cast<const float*>(x),
                              static_cast<const float*>(packed), static_cast<const float*>(bias),
                              M, N, K, ldx, ldo);
-  else
-    linear_t<FmaTile<uint16_t>>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+  return linear_t<FmaTile<uint16_t>>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
                                 static_cast<const uint16_t*>(packed),
                                 static_cast<const uint16_t*>(bias), M, N, K, ldx, ldo);
 }
 #define ENGINE_LINEAR linear
 
 #include "int8_linear_impl.h"
-void int8_linear(DType dt, void* out, const void* x, const float* static_scale,
-                 const int8_t* packed, const float* w_scale, const int32_t* comp, int64_t M,
-                 int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+int64_t int8_linear(DType dt, void* out, const void* x, const float* static_scale,
+                    const int8_t* packed, const float* w_scale, const int32_t* comp, int64_t M,
+                    int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
   if (dt == DType::kFloat32)
-    int8_linear_t(static_cast<float*>(out), static_cast<const float*>(x), static_scale, packed,
+    return int8_linear_t(static_cast<float*>(out), static_cast<const float*>(x), static_scale, packed,
                   w_scale, comp, M, N, K, ldx, ldo);
-  else
-    int8_linear_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x), static_scale,
+  return int8_linear_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x), static_scale,
                   packed, w_scale, comp, M, N, K, ldx, ldo);
 }
 #define ENGINE_INT8_LINEAR int8_linear
@@ -906,12 +914,10 @@ bool int8_linear_amx(DType dt, void* out, const void* x, const float* static_sca
                      int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
   if (!amx_permitted()) return false;
   if (dt == DType::kFloat32)
-    int8_linear_amx_t(static_cast<float*>(out), static_cast<const float*>(x), static_scale,
-                      packed, w_scale, M, N, K, ldx, ldo);
-  else
-    int8_linear_amx_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
-                      static_scale, packed, w_scale, M, N, K, ldx, ldo);
-  return true;
+    return int8_linear_amx_t(static_cast<float*>(out), static_cast<const float*>(x),
+                             static_scale, packed, w_scale, M, N, K, ldx, ldo);
+  return int8_linear_amx_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+                           static_scale, packed, w_scale, M, N, K, ldx, ldo);
 }
 #define ENGINE_INT8_LINEAR_AMX int8_linear_amx
 #else
@@ -937,24 +943,22 @@ bool paged_prefill_attention_amx(DType dt, void* out, const void* query, const v
 #endif
 
 #include "moe_impl.h"
-void fused_moe(DType dt, bool pairs, void* out, const void* x, const void* w13, const void* w2,
-               const float* tw, const int32_t* ids, int64_t tokens, int64_t H, int64_t I,
-               int64_t E, int64_t topk, int64_t ldx, int64_t ldo) {
+int64_t fused_moe(DType dt, bool pairs, void* out, const void* x, const void* w13,
+                  const void* w2, const float* tw, const int32_t* ids, int64_t tokens, int64_t H,
+                  int64_t I, int64_t E, int64_t topk, int64_t ldx, int64_t ldo) {
 #ifdef __AVX512BF16__
-  if (pairs) {
-    fused_moe_t<Bf16PairTile>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
-                              static_cast<const uint16_t*>(w13), static_cast<const uint16_t*>(w2),
-                              tw, ids, tokens, H, I, E, topk, ldx, ldo);
-    return;
-  }
+  if (pairs)
+    return fused_moe_t<Bf16PairTile>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+                                     static_cast<const uint16_t*>(w13),
+                                     static_cast<const uint16_t*>(w2), tw, ids, tokens, H, I, E,
+                                     topk, ldx, ldo);
 #endif
   (void)pairs;
   if (dt == DType::kFloat32)
-    fused_moe_t<FmaTile<float>>(static_cast<float*>(out), static_cast<const float*>(x),
+    return fused_moe_t<FmaTile<float>>(static_cast<float*>(out), static_cast<const float*>(x),
                                 static_cast<const float*>(w13), static_cast<const float*>(w2), tw,
                                 ids, tokens, H, I, E, topk, ldx, ldo);
-  else
-    fused_moe_t<FmaTile<uint16_t>>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+  return fused_moe_t<FmaTile<uint16_t>>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
                                    static_cast<const uint16_t*>(w13),
                                    static_cast<const uint16_t*>(w2), tw, ids, tokens, H, I, E,
                                    topk, ldx, ldo);
@@ -969,9 +973,9 @@ void fused_moe(DType dt, bool pairs, void* out, const void* x, const void* w13, 
 #endif
 
 #ifdef __AVX512BF16__
-void linear_bf16_pairs(void* out, const void* x, const void* packed, const void* bias, int64_t M,
-                       int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
-  linear_t<Bf16PairTile>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
+int64_t linear_bf16_pairs(void* out, const void* x, const void* packed, const void* bias,
+                          int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldo) {
+  return linear_t<Bf16PairTile>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
                          static_cast<const uint16_t*>(packed), static_cast<const uint16_t*>(bias),
                          M, N, K, ldx, ldo);
 }
@@ -980,15 +984,30 @@ void linear_bf16_pairs(void* out, const void* x, const void* packed, const void*
 #define ENGINE_LINEAR_BF16_PAIRS nullptr
 #endif
 
+#ifdef ENGINE_VEC_WIDTH  // the x86 paths: wna16_impl.cpp is compiled beside this file
+namespace wna16 = ENGINE_CAT(wna16_, ENGINE_ISA);
+#if defined(__AVX512BF16__) && defined(ENGINE_HAS_AMX)
+#define ENGINE_WNA16_LINEAR_AMX wna16::linear_amx
+#else
+#define ENGINE_WNA16_LINEAR_AMX nullptr
+#endif
+#define ENGINE_WNA16(fn) wna16::fn
+#else
+#define ENGINE_WNA16_LINEAR_AMX nullptr
+#define ENGINE_WNA16(fn) nullptr
+#endif
+
 const KernelTable table = {
     ENGINE_STR(ENGINE_ISA), rms_norm,        fused_add_rms_norm, silu_and_mul,
     rotary_embedding,       reshape_and_cache, paged_attention,  ENGINE_LINEAR,
     ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, ENGINE_INT8_LINEAR_AMX,
     paged_prefill_attention, ENGINE_PREFILL_ATTENTION_AMX, ENGINE_FUSED_MOE,
+    ENGINE_WNA16(linear),   ENGINE_WNA16(dequant), ENGINE_WNA16_LINEAR_AMX,
+    ENGINE_WNA16(dequant_panels),
 };
 
 }  // namespace
 
 const KernelTable* ENGINE_CAT(kernels_, ENGINE_ISA)() { return &table; }
 
-}  // namespace engine_cpu
+}  // namespace engine::cpu

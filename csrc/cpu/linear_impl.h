@@ -155,7 +155,7 @@ inline void store_tile(T* out, int64_t ldo, const float* tile, int64_t tile_cols
 
 // The weight holds Tile::KP k values per step: [ceil(N/16), steps, 16, KP].
 template <TileShape S, typename Tile, typename T>
-void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
+int64_t linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
                    int64_t K, int64_t ldx, int64_t ldo) {
   using A = typename Tile::A;
   constexpr int NP = S.np, MR_MAX = S.mr_max;
@@ -166,10 +166,11 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
   const int64_t groups = (panels + NP - 1) / NP;  // tiles across N
   const int64_t tiles = (M + MR_MAX - 1) / MR_MAX;
   // x step-major per tile of MR_MAX rows (the last tile has M % MR_MAX)
-  A* a = static_cast<A*>(aligned_alloc(64, ((M * steps * sizeof(A) + 63) / 64) * 64));
-  float* bias_f = nullptr;
+  Allocs mem;
+  A* a = mem.get<A>(M * steps);
+  float* bias_f = bias ? mem.get<float>(groups * TILE_COLS) : nullptr;
+  if (mem.failed()) return mem.failed();
   if (bias) {
-    bias_f = static_cast<float*>(malloc(sizeof(float) * groups * TILE_COLS));
     for (int64_t n = 0; n < groups * TILE_COLS; ++n)
       bias_f[n] = n < N ? Elem<T>::load(bias[n]) : 0.f;
   }
@@ -213,15 +214,12 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
       }
     }
   }
-  free(a);
-  free(bias_f);
+  return 0;
 }
 
 template <typename Tile, typename T>
-void linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
-              int64_t K, int64_t ldx, int64_t ldo) {
-  if (M <= DECODE.mr_max)
-    linear_shaped<DECODE, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
-  else
-    linear_shaped<PREFILL, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
+int64_t linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
+                 int64_t K, int64_t ldx, int64_t ldo) {
+  if (M <= DECODE.mr_max) return linear_shaped<DECODE, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
+  return linear_shaped<PREFILL, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
 }

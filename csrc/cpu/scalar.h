@@ -13,7 +13,7 @@
 #define ENGINE_STR2(a) #a
 #define ENGINE_STR(a) ENGINE_STR2(a)
 
-namespace engine_cpu {
+namespace engine::cpu {
 namespace {
 
 inline float bf16_to_float(uint16_t h) {
@@ -29,4 +29,4 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 }  // namespace
-}  // namespace engine_cpu
+}  // namespace engine::cpu

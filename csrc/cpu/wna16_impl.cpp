@@ -1,6 +1,7 @@
 // Weight-only quantized linear layers (W4A16, W8A16) for the x86 vector ISAs:
 // compiled once per ISA as kernels_impl.cpp is (ENGINE_ISA, the same -m
-// flags), only C headers, internal linkage but for the table getter.
+// flags), only C headers, internal linkage but for the entry points (wna16.h),
+// which sit in a namespace of their ISA and fill its KernelTable.
 // Layout and math: wna16.h.
 //
 // Decode (few rows) is memory-bound: a thread streams its panels of packed
@@ -15,6 +16,7 @@
 #include "wna16.h"
 #include "scalar.h"
 #include "amx.h"
+#include "scratch.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,7 +28,7 @@
 
 #include <immintrin.h>
 
-namespace engine_cpu {
+namespace engine::cpu {
 namespace {
 
 constexpr int64_t NR = kPanel;  // columns a panel
@@ -322,8 +324,8 @@ struct FloatA {
 
 // S: how x is staged for the tile kernel (FloatA, or PairA's k pairs).
 template <int BITS, typename T, typename S>
-void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
-              const uint8_t* zeros, int64_t M, int64_t N, int64_t K, int64_t G, int64_t ldx,
+int64_t linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
+                 const uint8_t* zeros, int64_t M, int64_t N, int64_t K, int64_t G, int64_t ldx,
               int64_t ldo) {
   using A = typename S::A;
   constexpr int PF = 32 / BITS;
@@ -334,7 +336,9 @@ void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
   // tile kernels read it
   float pre[PF];
   for (int j = 0; j < PF; ++j) pre[j] = 1.f / static_cast<float>(1 << (BITS * (j % (PF / 2))));
-  A* a = static_cast<A*>(aligned_alloc(64, ((M * Ks * sizeof(A) + 63) / 64) * 64));
+  Allocs mem;
+  A* a = mem.get<A>(M * Ks);
+  if (mem.failed()) return mem.failed();
   const bool threads = M * N * K >= (int64_t{1} << 18);
 #pragma omp parallel if (threads)
   {
@@ -365,7 +369,7 @@ void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
       }
     }
   }
-  free(a);
+  return 0;
 }
 
 inline void store_row(float* p, VF v, int64_t cols) {
@@ -445,61 +449,6 @@ void dequant_panels_t(T* wp, int k_pack, const uint32_t* packed, const float* sc
     }
 }
 
-void dequant_panels(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
-                    const float* scales, const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
-  if (dt == DType::kFloat32) {
-    auto* w = static_cast<float*>(wp);
-    if (bits == 4) dequant_panels_t<4>(w, 1, packed, scales, zeros, N, K, G);
-    else dequant_panels_t<8>(w, 1, packed, scales, zeros, N, K, G);
-  } else {
-    auto* w = static_cast<uint16_t*>(wp);
-    if (bits == 4) dequant_panels_t<4>(w, k_pack, packed, scales, zeros, N, K, G);
-    else dequant_panels_t<8>(w, k_pack, packed, scales, zeros, N, K, G);
-  }
-}
-
-void linear(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
-            const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
-            int64_t G, int64_t ldx, int64_t ldo) {
-  if (dt == DType::kFloat32) {
-    auto* o = static_cast<float*>(out);
-    auto* xi = static_cast<const float*>(x);
-    if (bits == 4) linear_t<4, float, FloatA<4, float>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-    else linear_t<8, float, FloatA<8, float>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-  } else {
-    auto* o = static_cast<uint16_t*>(out);
-    auto* xi = static_cast<const uint16_t*>(x);
-#ifdef __AVX512BF16__
-    if (M >= PAIRS_MIN_M) {
-      if (bits == 4) linear_t<4, uint16_t, PairA<4>>(
-          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-      else linear_t<8, uint16_t, PairA<8>>(
-          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-      return;
-    }
-#endif
-    if (bits == 4) linear_t<4, uint16_t, FloatA<4, uint16_t>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-    else linear_t<8, uint16_t, FloatA<8, uint16_t>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-  }
-}
-
-void dequant(DType dt, int bits, void* wt, const uint32_t* packed, const float* scales,
-             const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
-  if (dt == DType::kFloat32) {
-    auto* w = static_cast<float*>(wt);
-    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
-    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
-  } else {
-    auto* w = static_cast<uint16_t*>(wt);
-    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
-    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
-  }
-}
-
 #if defined(__AVX512BF16__) && defined(ENGINE_HAS_AMX)
 // bfloat16 rows with AMX tiles (tdpbf16ps), for many rows: each group of 4 panels
 // is dequantised once a call into tiles' paired layout (16 rows of k pairs x
@@ -519,19 +468,23 @@ __attribute__((target("amx-tile,amx-bf16"))) bool linear_amx_t(
   const int64_t panels = (N + NR - 1) / NR, pgroups = (panels + NP - 1) / NP;
   const int64_t tiles = (M + 15) / 16;
   uint16_t* xa = static_cast<uint16_t*>(scratch(0, sizeof(uint16_t) * M * kp));
+  if (xa == nullptr) return false;  // the caller runs the vector kernel, which reports it
 #pragma omp parallel for schedule(static) if (M * K >= (int64_t{1} << 16))
   for (int64_t m = 0; m < M; ++m) {  // x with its rows zero-padded to whole tiles
     memcpy(xa + m * kp, x + m * ldx, sizeof(uint16_t) * K);
     memset(xa + m * kp + K, 0, sizeof(uint16_t) * (kp - K));
   }
   const VI mask = iset1((1 << BITS) - 1);
+  int64_t failed = 0;
 #pragma omp parallel
   {
     uint16_t* wb = static_cast<uint16_t*>(scratch(1, sizeof(uint16_t) * NP * chunks * 512));
+    if (wb == nullptr) note_failed(failed, 1);
     alignas(64) float c[16 * NP * NR];
     int configured = 0;
 #pragma omp for schedule(static)
     for (int64_t pg = 0; pg < pgroups; ++pg) {
+      if (wb == nullptr) continue;
       const int np = static_cast<int>(panels - NP * pg < NP ? panels - NP * pg : NP);
       for (int q = 0; q < np; ++q) {  // dequantise: rows of k pairs, a lane a column
         const int64_t p = NP * pg + q;
@@ -601,9 +554,72 @@ __attribute__((target("amx-tile,amx-bf16"))) bool linear_amx_t(
     }
     if (configured) _tile_release();
   }
-  return true;
+  // a thread without scratch skipped its panels: the vector kernel writes them all again
+  return failed == 0;
 }
 
+#endif  // AMX-BF16
+
+}  // namespace
+
+// The entry points (wna16.h), one set a compiled ISA.
+namespace ENGINE_CAT(wna16_, ENGINE_ISA) {
+
+void dequant_panels(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
+                    const float* scales, const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
+  if (dt == DType::kFloat32) {
+    auto* w = static_cast<float*>(wp);
+    if (bits == 4) dequant_panels_t<4>(w, 1, packed, scales, zeros, N, K, G);
+    else dequant_panels_t<8>(w, 1, packed, scales, zeros, N, K, G);
+  } else {
+    auto* w = static_cast<uint16_t*>(wp);
+    if (bits == 4) dequant_panels_t<4>(w, k_pack, packed, scales, zeros, N, K, G);
+    else dequant_panels_t<8>(w, k_pack, packed, scales, zeros, N, K, G);
+  }
+}
+
+int64_t linear(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
+               const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
+               int64_t G, int64_t ldx, int64_t ldo) {
+  if (dt == DType::kFloat32) {
+    auto* o = static_cast<float*>(out);
+    auto* xi = static_cast<const float*>(x);
+    if (bits == 4) return linear_t<4, float, FloatA<4, float>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    return linear_t<8, float, FloatA<8, float>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+  } else {
+    auto* o = static_cast<uint16_t*>(out);
+    auto* xi = static_cast<const uint16_t*>(x);
+#ifdef __AVX512BF16__
+    if (M >= PAIRS_MIN_M) {
+      if (bits == 4) return linear_t<4, uint16_t, PairA<4>>(
+          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+      return linear_t<8, uint16_t, PairA<8>>(
+          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    }
+#endif
+    if (bits == 4) return linear_t<4, uint16_t, FloatA<4, uint16_t>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    return linear_t<8, uint16_t, FloatA<8, uint16_t>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+  }
+}
+
+void dequant(DType dt, int bits, void* wt, const uint32_t* packed, const float* scales,
+             const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
+  if (dt == DType::kFloat32) {
+    auto* w = static_cast<float*>(wt);
+    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
+    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
+  } else {
+    auto* w = static_cast<uint16_t*>(wt);
+    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
+    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
+  }
+}
+
+#if defined(__AVX512BF16__) && defined(ENGINE_HAS_AMX)
 bool linear_amx(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
                 const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
                 int64_t G, int64_t ldx, int64_t ldo) {
@@ -613,16 +629,7 @@ bool linear_amx(DType dt, int bits, void* out, const void* x, const uint32_t* pa
   return bits == 4 ? linear_amx_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo)
                    : linear_amx_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
 }
-#define ENGINE_WNA16_AMX linear_amx
-#else
-#define ENGINE_WNA16_AMX nullptr
 #endif
 
-const WNA16Table table = {ENGINE_STR(ENGINE_ISA), linear, dequant, ENGINE_WNA16_AMX,
-                         dequant_panels};
-
-}  // namespace
-
-const WNA16Table* ENGINE_CAT(wna16_, ENGINE_ISA)() { return &table; }
-
-}  // namespace engine_cpu
+}  // namespace ENGINE_CAT(wna16_, ENGINE_ISA)
+}  // namespace engine::cpu

@@ -28,7 +28,7 @@
 #define ENGINE_NEON_BF16 0
 #endif
 
-namespace engine_cpu {
+namespace engine::cpu {
 namespace {
 
 // ---- vector conversion ----------------------------------------------------------
@@ -434,24 +434,27 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
 
 // ---- type dispatch (the table's entry points) ---------------------------------------
 
-void rms_norm(DType dt, void* out, const void* in, const void* w, int64_t rows,
-              int64_t hidden, int64_t is, int64_t os, float eps) {
+// The norms allocate nothing here: 0 (kernels.h).
+int64_t rms_norm(DType dt, void* out, const void* in, const void* w, int64_t rows,
+                 int64_t hidden, int64_t is, int64_t os, float eps) {
   if (dt == DType::kFloat32)
     rms_norm_t(static_cast<float*>(out), static_cast<const float*>(in),
                static_cast<const float*>(w), rows, hidden, is, os, eps);
   else
     rms_norm_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in),
                static_cast<const uint16_t*>(w), rows, hidden, is, os, eps);
+  return 0;
 }
 
-void fused_add_rms_norm(DType dt, void* in, void* res, const void* w, int64_t rows,
-                        int64_t hidden, int64_t is, int64_t rs, float eps) {
+int64_t fused_add_rms_norm(DType dt, void* in, void* res, const void* w, int64_t rows,
+                           int64_t hidden, int64_t is, int64_t rs, float eps) {
   if (dt == DType::kFloat32)
     fused_add_rms_norm_t(static_cast<float*>(in), static_cast<float*>(res),
                          static_cast<const float*>(w), rows, hidden, is, rs, eps);
   else
     fused_add_rms_norm_t(static_cast<uint16_t*>(in), static_cast<uint16_t*>(res),
                          static_cast<const uint16_t*>(w), rows, hidden, is, rs, eps);
+  return 0;
 }
 
 void silu_and_mul(DType dt, void* out, const void* in, int64_t rows, int64_t d,
@@ -499,4 +502,4 @@ const KernelTable table = {
 
 const KernelTable* ENGINE_CAT(kernels_, ENGINE_ISA)() { return &table; }
 
-}  // namespace engine_cpu
+}  // namespace engine::cpu

@@ -1,5 +1,5 @@
-// Small-M linear layers (decode: a few rows against a large weight), included
-// by kernels_impl.cpp inside its anonymous namespace for the x86 vector ISAs.
+// Linear layers on the x86 vector ISAs (cpu_types_x86.h), decode's few rows
+// and prefill's many.
 //
 // out[M, N] = x[M, K] @ W[N, K]^T (+ bias). The weight is packed once at load
 // into panels of NR = 16 columns, each K x 16 and contiguous ([ceil(N/16), K,
@@ -9,6 +9,17 @@
 // packed k-major per tile of MR rows, so the microkernel does one weight load
 // (converted from bfloat16 in registers) per MR fused multiply-adds.
 //
+#pragma once
+
+#include <stdint.h>
+
+#include "cpu_types_x86.h"
+#include "kernels.h"
+#include "scalar.h"
+#include "scratch.h"
+
+namespace engine::cpu {
+namespace {
 
 constexpr int64_t NR = kPanel;
 constexpr int64_t NV = NR / W;  // vectors per panel row
@@ -223,3 +234,6 @@ int64_t linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, 
   if (M <= DECODE.mr_max) return linear_shaped<DECODE, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
   return linear_shaped<PREFILL, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
 }
+
+}  // namespace
+}  // namespace engine::cpu

@@ -1,5 +1,5 @@
-// Fused mixture-of-experts MLP for the x86 vector ISAs, included by
-// kernels_impl.cpp after linear_impl.h, whose tiles it runs.
+// Fused mixture-of-experts MLP for the x86 vector ISAs: it runs
+// linear_impl.h's tiles.
 //
 // out[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = ids[t, j].
 // The (token, j) rows are grouped by expert (a counting sort), then each
@@ -8,6 +8,16 @@
 // one is never read, and no thread waits on a per-expert launch. Each expert
 // holds gate and up as one [2I, H] weight and down as [H, I], both packed as
 // the linear kernel's panels.
+#pragma once
+
+#include <stdint.h>
+
+#include "linear_impl.h"
+#include "scalar.h"
+#include "scratch.h"
+
+namespace engine::cpu {
+namespace {
 
 // Rows of one expert: its tile shape follows its own row count (decode's few
 // rows read the weight once; many rows take the compute-bound shape).
@@ -191,3 +201,6 @@ int64_t fused_moe_t(T* out, const T* x, const T* w13, const T* w2, const float* 
   }
   return 0;
 }
+
+}  // namespace
+}  // namespace engine::cpu

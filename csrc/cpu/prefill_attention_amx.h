@@ -1,8 +1,8 @@
 // Prefill attention for bfloat16 with AMX tiles (tdpbf16ps), on CPUs that
 // have them: the flash loop of prefill_attention_impl.h, with the two matmuls
 // (Q K^T and P V) as 16 x 16 x 32 tile products and the online softmax in
-// AVX-512 between them. Included by kernels_impl.cpp after
-// int8_linear_impl.h (AmxConfig, amx_permitted) on the avx512_bf16 path.
+// AVX-512 between them. On the avx512_bf16 path where int8_linear_amx.h has
+// AMX (ENGINE_HAS_AMX_INT8: a compiler with the tile intrinsics).
 //
 // A tile's B operand pairs its k dimension ("VNNI" layout), so each (sequence,
 // kv head)'s keys and values are first repacked once from the paged cache:
@@ -13,6 +13,17 @@
 // 64 (four score tiles), causal and window masks are applied to the scores.
 // P is rounded to bfloat16 for the second product, as upstream's does.
 #pragma once
+
+#include <stdint.h>
+
+#include "amx.h"
+#include "int8_linear_amx.h"
+#include "prefill_attention_impl.h"
+#include "scalar.h"
+#include "scratch.h"
+
+namespace engine::cpu {
+namespace {
 
 #if defined(ENGINE_HAS_AMX_INT8) && defined(__AVX512BF16__)
 #define ENGINE_HAS_AMX_ATTENTION 1
@@ -283,3 +294,6 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
   return true;
 }
 #endif
+
+}  // namespace
+}  // namespace engine::cpu

@@ -1,13 +1,23 @@
 // Prefill attention over the paged KV cache: a flash kernel (query tiles x key
 // tiles, online softmax), so no score matrix of the whole sequence and no mask
-// tensor exist. Included by kernels_impl.cpp inside its anonymous namespace,
-// after the vector helpers (VecF, vfma, ...) and cache_row; compiled per ISA.
+// tensor exist. Written against cpu_types_x86.h's vectors (portable loops on
+// the generic path); compiled per ISA.
 //
 // One work item is (sequence, kv head, query tile): the tile holds every query
 // head of the kv head's group for up to kPrefillRows / group tokens, so each
 // key and value row gathered from the cache serves the whole group (GQA
 // without copying K/V per query head).
 #pragma once
+
+#include <stdint.h>
+
+#include "attention_impl.h"
+#include "cpu_types_x86.h"
+#include "scalar.h"
+#include "scratch.h"
+
+namespace engine::cpu {
+namespace {
 
 // Keys per tile.
 constexpr int64_t kPrefillKeys = 24;
@@ -318,3 +328,6 @@ int64_t paged_prefill_attention_t(T* out, const T* query, const T* key_cache, co
   }
   return failed;
 }
+
+}  // namespace
+}  // namespace engine::cpu

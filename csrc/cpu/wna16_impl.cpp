@@ -122,18 +122,6 @@ constexpr int MR_MAX = 4;  // 16 registers: 8 accumulators, the weight, zero poi
 #endif
 constexpr int CH = NR / W;  // vectors a panel row
 
-template <typename T>
-struct Elem;
-template <>
-struct Elem<float> {
-  static float load(float x) { return x; }
-  static float store(float x) { return x; }
-};
-template <>
-struct Elem<uint16_t> {
-  static float load(uint16_t x) { return bf16_to_float(x); }
-  static uint16_t store(float x) { return float_to_bf16(x); }
-};
 
 // out[r, :16] += the panel's sums for MR rows of a ([k][MR] floats, zero past
 // K, each k pre-scaled by 2^-(BITS * l), l its place in its half lane below),

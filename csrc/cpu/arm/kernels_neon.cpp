@@ -104,7 +104,6 @@ inline float32x4_t vsilu(float32x4_t x) {
 
 inline float ssilu(float x) { return vgetq_lane_f32(vsilu(vdupq_n_f32(x)), 0); }
 
-inline bool worth_threads(int64_t elements) { return elements >= 16384; }
 
 // sum of squares of x[0:n) in fp32
 template <typename T>

@@ -10,6 +10,7 @@
 #include "kernels.h"
 #include "scalar.h"
 #include "scratch.h"
+#include "tiles.h"
 
 namespace engine::cpu {
 namespace {
@@ -122,20 +123,10 @@ __attribute__((target("amx-tile,amx-int8"))) bool int8_linear_amx_t(
       const int64_t n0 = NP * g * kPanel, cols = N - n0 < np * kPanel ? N - n0 : np * kPanel;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m0 = 16 * t;
-        const int mr = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
+        const int mr = tile_rows(M, m0, 16);
         if (mr != configured) amx_configure(mr, tail), configured = mr;
         amx_block(q + m0 * ldq, ldq, packed + NP * g * panel_size, panel_size, np, full, tail, c);
-        for (int r = 0; r < mr; ++r) {
-          T* o = out + (m0 + r) * ldo + n0;
-          const float as = a_scale[m0 + r];
-          const int32_t* cr = c + r * NP * kPanel;
-          const float* ws = w_scale + n0;
-#pragma omp simd
-          for (int64_t j = 0; j < cols; ++j) {
-            const float v = static_cast<float>(cr[j]) * as;  // as the reference: no fusing
-            o[j] = Elem<T>::store(v * ws[j]);
-          }
-        }
+        store_int8_tile(out + m0 * ldo, ldo, c, NP * kPanel, mr, a_scale + m0, w_scale, n0, cols);
       }
     }
     if (configured) _tile_release();

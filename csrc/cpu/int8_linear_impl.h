@@ -28,6 +28,7 @@
 #include "kernels.h"
 #include "scalar.h"
 #include "scratch.h"
+#include "tiles.h"
 
 namespace engine::cpu {
 namespace {
@@ -219,14 +220,8 @@ int64_t int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const 
   const bool threads = M * N * K >= (int64_t{1} << 18);
 #pragma omp parallel if (threads)
   {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m0 = t * MR_MAX;
-      const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-      A* at = a + m0 * steps;
-      for (int r = 0; r < mr; ++r)
-        for (int64_t s = 0; s < steps; ++s) at[s * mr + r] = Ops::load_a(q + (m0 + r) * K, s, K);
-    }
+    pack_rows<MR_MAX>(a, M, steps,
+                      [&](int64_t m, int64_t s) { return Ops::load_a(q + m * K, s, K); });
     alignas(64) int32_t tile[MR_MAX * TILE_COLS];
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
@@ -236,21 +231,12 @@ int64_t int8_linear_shaped(T* out, const int8_t* q, const float* a_scale, const 
       const int64_t width = np == NP ? TILE_COLS : kPanel;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m0 = t * MR_MAX;
-        const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+        const int mr = tile_rows(M, m0, MR_MAX);
         if (np == NP)
           i8_tile_fn<Ops, NP, MR_MAX>(mr)(a + m0 * steps, panel, steps, comp + n0, tile);
         else  // the last, lone panel
           i8_tile_fn<Ops, 1, MR_MAX>(mr)(a + m0 * steps, panel, steps, comp + n0, tile);
-        for (int r = 0; r < mr; ++r) {
-          T* o = out + (m0 + r) * ldo + n0;
-          const float as = a_scale[m0 + r];
-          for (int64_t c = 0; c < cols; ++c) {
-            // two separate roundings, as the reference: keep the compiler from
-            // fusing anything here (no add follows, so nothing can contract)
-            const float v = static_cast<float>(tile[r * width + c]) * as;
-            o[c] = Elem<T>::store(v * w_scale[n0 + c]);
-          }
-        }
+        store_int8_tile(out + m0 * ldo, ldo, tile, width, mr, a_scale + m0, w_scale, n0, cols);
       }
     }
   }

@@ -17,6 +17,7 @@
 #include "kernels.h"
 #include "scalar.h"
 #include "scratch.h"
+#include "tiles.h"
 
 namespace engine::cpu {
 namespace {
@@ -151,19 +152,6 @@ inline TileFn<Tile, T> tile_fn(int mr) {
   }
 }
 
-// The tile's results (floats, TILE_COLS per row) to out, columns [n0, n0 + cols).
-template <typename T>
-inline void store_tile(T* out, int64_t ldo, const float* tile, int64_t tile_cols, int rows,
-                       int64_t n0, int64_t cols) {
-  for (int r = 0; r < rows; ++r) {
-    T* o = out + r * ldo + n0;
-    const float* t = tile + r * tile_cols;
-    int64_t c = 0;
-    for (; c + W <= cols; c += W) vstore(o + c, vload(t + c));
-    for (; c < cols; ++c) o[c] = Elem<T>::store(t[c]);
-  }
-}
-
 // The weight holds Tile::KP k values per step: [ceil(N/16), steps, 16, KP].
 template <TileShape S, typename Tile, typename T>
 int64_t linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
@@ -192,16 +180,8 @@ int64_t linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_
   const int64_t block_tiles = kBlockBytes / tile_bytes > 0 ? kBlockBytes / tile_bytes : 1;
 #pragma omp parallel if (threads)
   {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m0 = t * MR_MAX;
-      const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-      A* at = a + m0 * steps;
-      for (int r = 0; r < mr; ++r) {
-        const T* xr = x + (m0 + r) * ldx;
-        for (int64_t k = 0; k < steps; ++k) at[k * mr + r] = Tile::load_a(xr, k, K);
-      }
-    }
+    pack_rows<MR_MAX>(a, M, steps,
+                      [&](int64_t m, int64_t k) { return Tile::load_a(x + m * ldx, k, K); });
     alignas(64) float tile[MR_MAX * TILE_COLS];
     for (int64_t t0 = 0; t0 < tiles; t0 += block_tiles) {
       const int64_t t1 = t0 + block_tiles < tiles ? t0 + block_tiles : tiles;
@@ -212,7 +192,7 @@ int64_t linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_
         const int64_t n0 = p0 * NR, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t m0 = t * MR_MAX;
-          const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+          const int mr = tile_rows(M, m0, MR_MAX);
           const float* b = bias_f ? bias_f + n0 : nullptr;
           if (np == NP) {
             tile_fn<Tile, NP, MR_MAX, T>(mr)(a + m0 * steps, panel, steps, tile, b);

@@ -56,7 +56,7 @@ from engine import ops
 from engine.model_executor.layers.linear import pack_panels
 
 packed = pack_panels(torch.randn(16, 4096))
-ops.linear(torch.empty(8, 16), torch.randn(8, 4096), packed, None)  # the OpenMP pool, before the cap
+ops.linear(torch.empty(8, 16), torch.randn(8, 4096), packed, None)  # the OpenMP pool, first
 x = torch.randn(1 << 14, 4096)  # 256 MiB of rows, which the kernel packs into as much scratch
 out = torch.empty(1 << 14, 16)
 vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:"))
@@ -70,7 +70,8 @@ except torch.OutOfMemoryError as exc:
 
 
 @pytest.mark.slow  # a Python start with torch and 256 MiB of input
-@pytest.mark.skipif(not engine.BUILD_INFO.has_kernels, reason="no compiled kernels (run ci/setup-dev.sh)")
+@pytest.mark.skipif(not engine.BUILD_INFO.has_kernels,
+                    reason="no compiled kernels (run ci/setup-dev.sh)")
 def test_linear_scratch_that_cannot_be_allocated_is_an_error():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-c", LINEAR_PROBE], env=env, capture_output=True,

@@ -1,12 +1,13 @@
 // Decode attention over the paged KV cache, one query token per sequence
 // (paged_attention), and the cache-row addressing prefill_attention_impl.h
-// shares.
+// shares. Written once for x86 and NEON (cpu_types.h); the generic table
+// takes the portable loops.
 #pragma once
 
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "scalar.h"
 
 namespace engine::cpu {
@@ -33,8 +34,7 @@ inline void prefetch_row(const T* cache, const int32_t* table, int64_t t, int64_
   if (t >= len) return;
   const char* row = reinterpret_cast<const char*>(
       cache_row(cache, table, t, block_size, block_stride, head_off, head_size));
-  for (int64_t b = 0; b < head_size * static_cast<int64_t>(sizeof(T)); b += 64)
-    _mm_prefetch(row + b, _MM_HINT_T0);
+  for (int64_t b = 0; b < head_size * static_cast<int64_t>(sizeof(T)); b += 64) vprefetch(row + b);
 }
 #endif
 

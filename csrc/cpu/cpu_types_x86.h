@@ -207,23 +207,13 @@ inline void vstore_split(float* p, float* q, VecF a, VecF b) {
   vstore(q, b);
 }
 inline void vstore_split(uint16_t* p, uint16_t* q, VecF a, VecF b) { vstore_halves(p, q, vpack2(a, b)); }
-// dst[0, n) = src as floats, full pairs in pair order and the rest natural:
-// the scratch copy (a weight, cos/sin) of an operand read with vload_pair.
-template <typename T>
-inline void to_float_pairs(float* dst, const T* src, int64_t n) {
-  int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    VecF a, b;
-    vload_pair(src + i, a, b);
-    vstore_pair(dst + i, a, b);
-  }
-  for (; i < n; ++i) dst[i] = Elem<T>::load(src[i]);
-}
 // The value a float becomes once stored as T (for fused_add_rms_norm, which
 // normalizes exactly the residual it stored).
 inline VecF vround(VecF v, const float*) { return v; }
 inline VecF vround(VecF v, const uint16_t*) { return vbits_to_float(vbf16_bits(v)); }
 
+// A cache line toward L1 ahead of its use.
+inline void vprefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 #endif  // ENGINE_VEC_WIDTH
 
 }  // namespace

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "amx.h"
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "kernels.h"
 #include "scalar.h"
 #include "scratch.h"

@@ -11,7 +11,7 @@
 #include "amx.h"
 #include "scratch.h"
 #include "wna16.h"
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "layernorm_impl.h"
 #include "pos_encoding_impl.h"
 #include "activation_impl.h"

@@ -1,11 +1,11 @@
-// rms_norm and fused_add_rms_norm: explicit vectors on x86 (cpu_types_x86.h),
-// portable `omp simd` loops elsewhere.
+// rms_norm and fused_add_rms_norm: explicit vectors (cpu_types.h: x86 and
+// NEON), portable `omp simd` loops on the generic path.
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
 
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "scalar.h"
 #include "scratch.h"
 
@@ -76,72 +76,70 @@ struct NormScratch {
   int64_t failed() const { return mem.failed(); }
 };
 
-template <typename T>
-int64_t rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
-                     int64_t in_stride, int64_t out_stride, float eps) {
+// row(r, sc) for every row, each thread with its NormScratch; the bytes a
+// thread could not allocate (it then skips its rows), or 0.
+template <typename T, typename Row>
+inline int64_t norm_rows(const T* w, int64_t rows, int64_t hidden, Row row) {
   int64_t failed = 0;
 #pragma omp parallel if (worth_threads(rows * hidden))
   {
     NormScratch<T> sc(w, hidden);
     if (sc.failed()) note_failed(failed, sc.failed());
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      if (sc.failed()) continue;
-      const T* x = in + r * in_stride;
-      float acc = sum_squares(x, hidden, sc.row);
-      const float* xf = sc.row ? sc.row : reinterpret_cast<const float*>(x);
-      scale_row(out + r * out_stride, xf, sc.wf, hidden,
-                1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      if (!sc.failed()) row(r, sc);
   }
   return failed;
 }
 
 template <typename T>
+int64_t rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
+                     int64_t in_stride, int64_t out_stride, float eps) {
+  return norm_rows(w, rows, hidden, [&](int64_t r, const NormScratch<T>& sc) {
+    const T* x = in + r * in_stride;
+    float acc = sum_squares(x, hidden, sc.row);
+    const float* xf = sc.row ? sc.row : reinterpret_cast<const float*>(x);
+    scale_row(out + r * out_stride, xf, sc.wf, hidden,
+              1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
+  });
+}
+
+template <typename T>
 int64_t fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hidden,
                                int64_t in_stride, int64_t res_stride, float eps) {
-  int64_t failed = 0;
-#pragma omp parallel if (worth_threads(rows * hidden))
-  {
-    NormScratch<T> sc(w, hidden);
-    if (sc.failed()) note_failed(failed, sc.failed());
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      if (sc.failed()) continue;
-      T* x = in + r * in_stride;
-      T* z = res + r * res_stride;
-      // The residual is stored in T and the norm is taken of what was stored.
-      VecF a0 = vset1(0.f), a1 = vset1(0.f);
-      int64_t i = 0;
-      for (; i + 2 * W <= hidden; i += 2 * W) {  // pair order (the row and the weight too)
-        VecF x0, x1, z0, z1;
-        vload_pair(x + i, x0, x1);
-        vload_pair(z + i, z0, z1);
-        VecF s0 = vadd(x0, z0), s1 = vadd(x1, z1);
-        vstore_pair_rounded(z + i, s0, s1);
-        if (sc.row) vstore_pair(sc.row + i, s0, s1);
-        a0 = vfma(s0, s0, a0);
-        a1 = vfma(s1, s1, a1);
-      }
-      for (; i + W <= hidden; i += W) {
-        VecF s0 = vround(vadd(vload(x + i), vload(z + i)), z);
-        vstore(z + i, s0);
-        if (sc.row) vstore(sc.row + i, s0);
-        a0 = vfma(s0, s0, a0);
-      }
-      float acc = vsum(vadd(a0, a1));
-      for (; i < hidden; ++i) {
-        T s = Elem<T>::store(Elem<T>::load(x[i]) + Elem<T>::load(z[i]));
-        z[i] = s;
-        float v = Elem<T>::load(s);
-        if (sc.row) sc.row[i] = v;
-        acc += v * v;
-      }
-      const float* zf = sc.row ? sc.row : reinterpret_cast<const float*>(z);
-      scale_row(x, zf, sc.wf, hidden, 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
+  return norm_rows(w, rows, hidden, [&](int64_t r, const NormScratch<T>& sc) {
+    T* x = in + r * in_stride;
+    T* z = res + r * res_stride;
+    // The residual is stored in T and the norm is taken of what was stored.
+    VecF a0 = vset1(0.f), a1 = vset1(0.f);
+    int64_t i = 0;
+    for (; i + 2 * W <= hidden; i += 2 * W) {  // pair order (the row and the weight too)
+      VecF x0, x1, z0, z1;
+      vload_pair(x + i, x0, x1);
+      vload_pair(z + i, z0, z1);
+      VecF s0 = vadd(x0, z0), s1 = vadd(x1, z1);
+      vstore_pair_rounded(z + i, s0, s1);
+      if (sc.row) vstore_pair(sc.row + i, s0, s1);
+      a0 = vfma(s0, s0, a0);
+      a1 = vfma(s1, s1, a1);
     }
-  }
-  return failed;
+    for (; i + W <= hidden; i += W) {
+      VecF s0 = vround(vadd(vload(x + i), vload(z + i)), z);
+      vstore(z + i, s0);
+      if (sc.row) vstore(sc.row + i, s0);
+      a0 = vfma(s0, s0, a0);
+    }
+    float acc = vsum(vadd(a0, a1));
+    for (; i < hidden; ++i) {
+      T s = Elem<T>::store(Elem<T>::load(x[i]) + Elem<T>::load(z[i]));
+      z[i] = s;
+      float v = Elem<T>::load(s);
+      if (sc.row) sc.row[i] = v;
+      acc += v * v;
+    }
+    const float* zf = sc.row ? sc.row : reinterpret_cast<const float*>(z);
+    scale_row(x, zf, sc.wf, hidden, 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
+  });
 }
 
 #endif  // ENGINE_VEC_WIDTH

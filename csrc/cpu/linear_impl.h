@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "kernels.h"
 #include "scalar.h"
 #include "scratch.h"
@@ -105,7 +105,7 @@ void linear_tile(const typename Tile::A* a, const T* panel, int64_t steps, float
       B b[NB];
       for (int j = 0; j < P; ++j) {
         const T* pk = panel + j * steps * STEP + (k + u) * STEP;
-        _mm_prefetch(reinterpret_cast<const char*>(pk + ahead * STEP), _MM_HINT_T0);
+        vprefetch(pk + ahead * STEP);
         for (int v = 0; v < NV; ++v) b[j * NV + v] = Tile::load_b(pk + v * VSTEP);
       }
 #pragma GCC unroll 16

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "attention_impl.h"
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "scalar.h"
 #include "scratch.h"
 

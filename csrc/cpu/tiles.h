@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "scalar.h"
 
 namespace engine::cpu {

@@ -15,7 +15,7 @@
 // latency does not bound the stream.
 #include "wna16.h"
 #include "amx.h"
-#include "cpu_types_x86.h"
+#include "cpu_types.h"
 #include "scalar.h"
 #include "scratch.h"
 #include "tiles.h"

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cpu_types.h"
 #include "scalar.h"
@@ -59,13 +60,18 @@ inline void scale_row(T* y, const float* x, const float* w, int64_t n, float inv
 // failed(): the bytes a thread could not allocate (it then skips its rows).
 template <typename T>
 struct NormScratch {
-  Allocs mem;
+  float* buf = nullptr;
   const float* wf = nullptr;
   float* row = nullptr;
+  int64_t failed_bytes = 0;
   NormScratch(const T* w, int64_t hidden) {
     if constexpr (IsBf16<T>::value) {
-      float* buf = mem.get<float>(2 * hidden);
-      if (buf == nullptr) return;
+      // plain malloc: aligned_alloc measured slower here (avx512_bf16, 64 x 4096)
+      buf = static_cast<float*>(malloc(sizeof(float) * 2 * hidden));
+      if (buf == nullptr) {
+        failed_bytes = static_cast<int64_t>(sizeof(float) * 2 * hidden);
+        return;
+      }
       to_float_pairs(buf, w, hidden);  // in pair order, as the rows are read
       wf = buf;
       row = buf + hidden;
@@ -73,73 +79,78 @@ struct NormScratch {
       wf = reinterpret_cast<const float*>(w);
     }
   }
-  int64_t failed() const { return mem.failed(); }
+  NormScratch(const NormScratch&) = delete;
+  NormScratch& operator=(const NormScratch&) = delete;
+  ~NormScratch() { free(buf); }
+  int64_t failed() const { return failed_bytes; }
 };
 
-// row(r, sc) for every row, each thread with its NormScratch; the bytes a
-// thread could not allocate (it then skips its rows), or 0.
-template <typename T, typename Row>
-inline int64_t norm_rows(const T* w, int64_t rows, int64_t hidden, Row row) {
+template <typename T>
+int64_t rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
+                     int64_t in_stride, int64_t out_stride, float eps) {
   int64_t failed = 0;
 #pragma omp parallel if (worth_threads(rows * hidden))
   {
     NormScratch<T> sc(w, hidden);
     if (sc.failed()) note_failed(failed, sc.failed());
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      if (!sc.failed()) row(r, sc);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (sc.failed()) continue;
+      const T* x = in + r * in_stride;
+      float acc = sum_squares(x, hidden, sc.row);
+      const float* xf = sc.row ? sc.row : reinterpret_cast<const float*>(x);
+      scale_row(out + r * out_stride, xf, sc.wf, hidden,
+                1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
+    }
   }
   return failed;
 }
 
 template <typename T>
-int64_t rms_norm_vec(T* out, const T* in, const T* w, int64_t rows, int64_t hidden,
-                     int64_t in_stride, int64_t out_stride, float eps) {
-  return norm_rows(w, rows, hidden, [&](int64_t r, const NormScratch<T>& sc) {
-    const T* x = in + r * in_stride;
-    float acc = sum_squares(x, hidden, sc.row);
-    const float* xf = sc.row ? sc.row : reinterpret_cast<const float*>(x);
-    scale_row(out + r * out_stride, xf, sc.wf, hidden,
-              1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
-  });
-}
-
-template <typename T>
 int64_t fused_add_rms_norm_vec(T* in, T* res, const T* w, int64_t rows, int64_t hidden,
                                int64_t in_stride, int64_t res_stride, float eps) {
-  return norm_rows(w, rows, hidden, [&](int64_t r, const NormScratch<T>& sc) {
-    T* x = in + r * in_stride;
-    T* z = res + r * res_stride;
-    // The residual is stored in T and the norm is taken of what was stored.
-    VecF a0 = vset1(0.f), a1 = vset1(0.f);
-    int64_t i = 0;
-    for (; i + 2 * W <= hidden; i += 2 * W) {  // pair order (the row and the weight too)
-      VecF x0, x1, z0, z1;
-      vload_pair(x + i, x0, x1);
-      vload_pair(z + i, z0, z1);
-      VecF s0 = vadd(x0, z0), s1 = vadd(x1, z1);
-      vstore_pair_rounded(z + i, s0, s1);
-      if (sc.row) vstore_pair(sc.row + i, s0, s1);
-      a0 = vfma(s0, s0, a0);
-      a1 = vfma(s1, s1, a1);
+  int64_t failed = 0;
+#pragma omp parallel if (worth_threads(rows * hidden))
+  {
+    NormScratch<T> sc(w, hidden);
+    if (sc.failed()) note_failed(failed, sc.failed());
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (sc.failed()) continue;
+      T* x = in + r * in_stride;
+      T* z = res + r * res_stride;
+      // The residual is stored in T and the norm is taken of what was stored.
+      VecF a0 = vset1(0.f), a1 = vset1(0.f);
+      int64_t i = 0;
+      for (; i + 2 * W <= hidden; i += 2 * W) {  // pair order (the row and the weight too)
+        VecF x0, x1, z0, z1;
+        vload_pair(x + i, x0, x1);
+        vload_pair(z + i, z0, z1);
+        VecF s0 = vadd(x0, z0), s1 = vadd(x1, z1);
+        vstore_pair_rounded(z + i, s0, s1);
+        if (sc.row) vstore_pair(sc.row + i, s0, s1);
+        a0 = vfma(s0, s0, a0);
+        a1 = vfma(s1, s1, a1);
+      }
+      for (; i + W <= hidden; i += W) {
+        VecF s0 = vround(vadd(vload(x + i), vload(z + i)), z);
+        vstore(z + i, s0);
+        if (sc.row) vstore(sc.row + i, s0);
+        a0 = vfma(s0, s0, a0);
+      }
+      float acc = vsum(vadd(a0, a1));
+      for (; i < hidden; ++i) {
+        T s = Elem<T>::store(Elem<T>::load(x[i]) + Elem<T>::load(z[i]));
+        z[i] = s;
+        float v = Elem<T>::load(s);
+        if (sc.row) sc.row[i] = v;
+        acc += v * v;
+      }
+      const float* zf = sc.row ? sc.row : reinterpret_cast<const float*>(z);
+      scale_row(x, zf, sc.wf, hidden, 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
     }
-    for (; i + W <= hidden; i += W) {
-      VecF s0 = vround(vadd(vload(x + i), vload(z + i)), z);
-      vstore(z + i, s0);
-      if (sc.row) vstore(sc.row + i, s0);
-      a0 = vfma(s0, s0, a0);
-    }
-    float acc = vsum(vadd(a0, a1));
-    for (; i < hidden; ++i) {
-      T s = Elem<T>::store(Elem<T>::load(x[i]) + Elem<T>::load(z[i]));
-      z[i] = s;
-      float v = Elem<T>::load(s);
-      if (sc.row) sc.row[i] = v;
-      acc += v * v;
-    }
-    const float* zf = sc.row ? sc.row : reinterpret_cast<const float*>(z);
-    scale_row(x, zf, sc.wf, hidden, 1.0f / sqrtf(acc / static_cast<float>(hidden) + eps));
-  });
+  }
+  return failed;
 }
 
 #endif  // ENGINE_VEC_WIDTH

@@ -1,37 +1,16 @@
 // What the AMX kernels (int8_linear_impl.h, prefill_attention_amx.h,
-// wna16_impl.cpp) share, and the per-thread scratch buffers. Internal linkage
-// (kernels.h says why): each ISA's translation unit has its own copy.
+// wna16_impl.cpp) share. Internal linkage (kernels.h says why): each ISA's
+// translation unit has its own copy.
 #pragma once
 
-#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
 
-namespace engine_cpu {
+namespace engine::cpu {
 namespace {
-
-// A grow-only, 64-byte-aligned buffer per calling thread and slot. A prefill's
-// activations are megabytes: from malloc they would be a fresh mapping every
-// call, and its first touch would cost more than the product.
-inline void* scratch(int slot, size_t bytes) {
-  struct Buf {
-    void* p = nullptr;
-    size_t n = 0;
-    ~Buf() { free(p); }
-  };
-  static thread_local Buf bufs[4];
-  Buf& b = bufs[slot];
-  if (b.n < bytes) {
-    free(b.p);
-    b.n = (bytes + 63) / 64 * 64;
-    b.p = aligned_alloc(64, b.n);
-  }
-  return b.p;
-}
 
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && \
     defined(__linux__)
@@ -52,4 +31,4 @@ struct alignas(64) AmxConfig {
 #endif
 
 }  // namespace
-}  // namespace engine_cpu
+}  // namespace engine::cpu

@@ -12,8 +12,8 @@ namespace {
 
 using namespace engine::checks;
 
-engine_cpu::DType kdt(at::ScalarType t) {
-  return t == at::kFloat ? engine_cpu::DType::kFloat32 : engine_cpu::DType::kBFloat16;
+DType kdt(at::ScalarType t) {
+  return t == at::kFloat ? DType::kFloat32 : DType::kBFloat16;
 }
 
 }  // namespace
@@ -22,17 +22,21 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
               double epsilon) {
   Rows r = prepare_rms_norm(out, input, weight, epsilon, at::kCPU);
   if (r.rows == 0) return;
-  kernels().rms_norm(kdt(r.dtype), r.b.data_ptr(), r.a.const_data_ptr(), weight.const_data_ptr(),
-                     r.rows, r.width, r.a.stride(0), r.b.stride(0), static_cast<float>(epsilon));
+  check_scratch(kernels().rms_norm(kdt(r.dtype), r.b.data_ptr(), r.a.const_data_ptr(),
+                                   weight.const_data_ptr(), r.rows, r.width, r.a.stride(0),
+                                   r.b.stride(0), static_cast<float>(epsilon)),
+                "rms_norm");
 }
 
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
                         double epsilon) {
   Rows r = prepare_fused_add_rms_norm(input, residual, weight, epsilon, at::kCPU);
   if (r.rows == 0) return;
-  kernels().fused_add_rms_norm(kdt(r.dtype), r.a.data_ptr(), r.b.data_ptr(),
-                               weight.const_data_ptr(), r.rows, r.width, r.a.stride(0),
-                               r.b.stride(0), static_cast<float>(epsilon));
+  check_scratch(kernels().fused_add_rms_norm(kdt(r.dtype), r.a.data_ptr(), r.b.data_ptr(),
+                                             weight.const_data_ptr(), r.rows, r.width,
+                                             r.a.stride(0), r.b.stride(0),
+                                             static_cast<float>(epsilon)),
+                "fused_add_rms_norm");
 }
 
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
@@ -81,9 +85,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
       value_cache.const_data_ptr(), block_tables.const_data_ptr<int32_t>(),
       seq_lens.const_data_ptr<int32_t>(), a.seqs, a.heads, a.cache.kv_heads, a.cache.head_size,
       a.cache.block_size, a.max_blocks, static_cast<float>(scale));
-  TORCH_CHECK_WITH(OutOfMemoryError, failed == 0, "paged_attention: a thread could not allocate ",
-                   failed, " bytes of scratch for sequences of up to this batch's longest; "
-                   "lower max_model_len or free memory");
+  check_scratch(failed, "paged_attention");
 }
 
 bool has_paged_prefill_attention() { return kernels().paged_prefill_attention != nullptr; }
@@ -116,13 +118,14 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& query,
           a.heads, a.cache.kv_heads, a.cache.head_size, a.cache.block_size, a.max_blocks,
           static_cast<float>(scale), sliding_window))
     return;
-  table.paged_prefill_attention(kdt(a.dtype), out.data_ptr(), query.const_data_ptr(),
-                                key_cache.const_data_ptr(), value_cache.const_data_ptr(),
-                                block_tables.const_data_ptr<int32_t>(),
-                                query_start_loc.const_data_ptr<int32_t>(),
-                                seq_lens.const_data_ptr<int32_t>(), a.seqs, a.heads,
-                                a.cache.kv_heads, a.cache.head_size, a.cache.block_size,
-                                a.max_blocks, static_cast<float>(scale), sliding_window);
+  check_scratch(
+      table.paged_prefill_attention(
+          kdt(a.dtype), out.data_ptr(), query.const_data_ptr(), key_cache.const_data_ptr(),
+          value_cache.const_data_ptr(), block_tables.const_data_ptr<int32_t>(),
+          query_start_loc.const_data_ptr<int32_t>(), seq_lens.const_data_ptr<int32_t>(), a.seqs,
+          a.heads, a.cache.kv_heads, a.cache.head_size, a.cache.block_size, a.max_blocks,
+          static_cast<float>(scale), sliding_window),
+      "paged_prefill_attention");
 }
 
 bool has_linear() { return kernels().linear != nullptr; }
@@ -139,7 +142,6 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
   const int64_t M = input.size(0), K = input.size(1);
   // The panel width says the layout: kPanel k-major columns, or kPanel columns
   // by k pairs (2 * kPanel values a step) for the AVX512_BF16 kernel.
-  using engine_cpu::kPanel;
   const bool pairs = packed_weight.dim() == 3 && packed_weight.size(2) == 2 * kPanel;
   const int64_t steps = pairs ? (K + 1) / 2 : K;
   TORCH_CHECK_VALUE(packed_weight.dim() == 3 && packed_weight.size(1) == steps &&
@@ -171,13 +173,14 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
               "AVX512_BF16, which the ", table.isa, " code path on this CPU lacks; pack it "
               "with engine.model_executor.layers.linear.pack_panels(weight, ops.panel_k_pack(dtype))");
   if (M == 0 || N == 0) return;
-  if (pairs) {
-    table.linear_bf16_pairs(out.data_ptr(), input.const_data_ptr(), packed_weight.const_data_ptr(),
-                            b, M, N, K, input.stride(0), out.stride(0));
-    return;
-  }
-  table.linear(kdt(dt), out.data_ptr(), input.const_data_ptr(), packed_weight.const_data_ptr(),
-               b, M, N, K, input.stride(0), out.stride(0));
+  const int64_t failed =
+      pairs ? table.linear_bf16_pairs(out.data_ptr(), input.const_data_ptr(),
+                                      packed_weight.const_data_ptr(), b, M, N, K,
+                                      input.stride(0), out.stride(0))
+            : table.linear(kdt(dt), out.data_ptr(), input.const_data_ptr(),
+                           packed_weight.const_data_ptr(), b, M, N, K, input.stride(0),
+                           out.stride(0));
+  check_scratch(failed, op);
 }
 
 bool has_int8_linear() { return kernels().int8_linear != nullptr; }
@@ -204,7 +207,6 @@ void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pac
                     ": out must be [", input.size(0), ", N] with a contiguous last dimension, "
                     "got shape ", out.sizes());
   const int64_t M = input.size(0), K = input.size(1), N = out.size(1);
-  using engine_cpu::kPanel;
   const int64_t panels = (N + kPanel - 1) / kPanel;
   TORCH_CHECK_VALUE(packed_weight.scalar_type() == at::kChar && packed_weight.device().is_cpu() &&
                         packed_weight.dim() == 3 && packed_weight.size(0) == panels &&
@@ -243,9 +245,12 @@ void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pac
                             weight_comp.const_data_ptr<int32_t>(), M, N, K, input.stride(0),
                             out.stride(0)))
     return;
-  table.int8_linear(kdt(dt), out.data_ptr(), input.const_data_ptr(), s,
-                    packed_weight.const_data_ptr<int8_t>(), weight_scale.const_data_ptr<float>(),
-                    weight_comp.const_data_ptr<int32_t>(), M, N, K, input.stride(0), out.stride(0));
+  check_scratch(table.int8_linear(kdt(dt), out.data_ptr(), input.const_data_ptr(), s,
+                                  packed_weight.const_data_ptr<int8_t>(),
+                                  weight_scale.const_data_ptr<float>(),
+                                  weight_comp.const_data_ptr<int32_t>(), M, N, K,
+                                  input.stride(0), out.stride(0)),
+                op);
 }
 
 }  // namespace cpu

@@ -48,13 +48,13 @@ bool cpu_has_bf16() {
 }
 #endif
 
-const engine_cpu::KernelTable* table_for(const std::string& name) {
+const KernelTable* table_for(const std::string& name) {
 #ifdef ENGINE_HAS_AVX512_BF16
   if (name == "avx512_bf16") {
     TORCH_CHECK(cpu_has_avx512_bf16(),
                 "the avx512_bf16 kernels were requested but this processor does not "
                 "support AVX512_BF16; unset VLLM_CPU_ISA or set it to avx512 or avx2");
-    return engine_cpu::kernels_avx512_bf16();
+    return kernels_avx512_bf16();
   }
 #endif
 #ifdef ENGINE_HAS_AVX512
@@ -62,7 +62,7 @@ const engine_cpu::KernelTable* table_for(const std::string& name) {
     TORCH_CHECK(cpu_has_avx512(),
                 "the avx512 kernels were requested but this processor does not "
                 "support AVX-512 (F/BW/VL/DQ); unset VLLM_CPU_ISA or set it to avx2");
-    return engine_cpu::kernels_avx512();
+    return kernels_avx512();
   }
 #endif
 #ifdef ENGINE_HAS_AVX2
@@ -70,7 +70,7 @@ const engine_cpu::KernelTable* table_for(const std::string& name) {
     TORCH_CHECK(cpu_has_avx2(),
                 "this processor lacks AVX2/FMA, which the x86 build of vllm-engine needs "
                 "at least; use a machine with AVX2 or VLLM_TARGET_DEVICE=empty");
-    return engine_cpu::kernels_avx2();
+    return kernels_avx2();
   }
 #endif
 #ifdef ENGINE_HAS_NEON_BF16
@@ -78,46 +78,46 @@ const engine_cpu::KernelTable* table_for(const std::string& name) {
     TORCH_CHECK(cpu_has_bf16(),
                 "the neon_bf16 kernels were requested but this processor lacks the BF16 "
                 "extension; unset VLLM_CPU_ISA or set it to neon");
-    return engine_cpu::kernels_neon_bf16();
+    return kernels_neon_bf16();
   }
 #endif
 #ifdef ENGINE_HAS_NEON
-  if (name == "neon") return engine_cpu::kernels_neon();
+  if (name == "neon") return kernels_neon();
 #endif
 #ifdef ENGINE_HAS_GENERIC
-  if (name == "generic") return engine_cpu::kernels_generic();
+  if (name == "generic") return kernels_generic();
 #endif
   TORCH_CHECK(false, "CPU ISA '", name, "' is not compiled into this build of vllm-engine; "
               "valid values: auto, ", compiled_isas());
 }
 
-const engine_cpu::KernelTable* auto_table() {
+const KernelTable* auto_table() {
 #ifdef ENGINE_HAS_AVX512_BF16
-  if (cpu_has_avx512_bf16()) return engine_cpu::kernels_avx512_bf16();
+  if (cpu_has_avx512_bf16()) return kernels_avx512_bf16();
 #endif
 #ifdef ENGINE_HAS_AVX512
-  if (cpu_has_avx512()) return engine_cpu::kernels_avx512();
+  if (cpu_has_avx512()) return kernels_avx512();
 #endif
 #ifdef ENGINE_HAS_NEON_BF16
-  if (cpu_has_bf16()) return engine_cpu::kernels_neon_bf16();
+  if (cpu_has_bf16()) return kernels_neon_bf16();
 #endif
 #ifdef ENGINE_HAS_AVX2
   return table_for("avx2");
 #elif defined(ENGINE_HAS_NEON)
-  return engine_cpu::kernels_neon();
+  return kernels_neon();
 #elif defined(ENGINE_HAS_GENERIC)
-  return engine_cpu::kernels_generic();
+  return kernels_generic();
 #else
   TORCH_CHECK(false, "no CPU kernels usable on this processor were compiled in");
 #endif
 }
 
-std::atomic<const engine_cpu::KernelTable*> current{nullptr};
+std::atomic<const KernelTable*> current{nullptr};
 
 }  // namespace
 
-const engine_cpu::KernelTable& kernels() {
-  const engine_cpu::KernelTable* t = current.load(std::memory_order_acquire);
+const KernelTable& kernels() {
+  const KernelTable* t = current.load(std::memory_order_acquire);
   if (t == nullptr) {
     t = auto_table();
     current.store(t, std::memory_order_release);
@@ -132,7 +132,7 @@ std::string isa() { return kernels().isa; }
 bool has_linear_bf16_pairs() { return kernels().linear_bf16_pairs != nullptr; }
 
 std::string select_isa(const std::string& name) {
-  const engine_cpu::KernelTable* t = name == "auto" ? auto_table() : table_for(name);
+  const KernelTable* t = name == "auto" ? auto_table() : table_for(name);
   current.store(t, std::memory_order_release);
   return t->isa;
 }

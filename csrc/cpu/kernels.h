@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-namespace engine_cpu {
+namespace engine::cpu {
 
 enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 
@@ -32,16 +32,19 @@ using PrefillAttentionFn = R (*)(DType dt, void* out, const void* query, const v
                                  int64_t head_size, int64_t block_size, int64_t max_blocks,
                                  float scale, int64_t sliding_window);
 
+// Kernels that allocate return int64_t: 0, or the bytes of scratch that could
+// not be allocated (nothing is then left to trust in the output: the glue
+// raises, cpu_ops.cpp check_scratch).
 struct KernelTable {
   const char* isa;
 
   // out[r, :] = in[r, :] / rms(in[r, :]) * w
-  void (*rms_norm)(DType dt, void* out, const void* in, const void* weight,
+  int64_t (*rms_norm)(DType dt, void* out, const void* in, const void* weight,
                    int64_t rows, int64_t hidden, int64_t in_stride,
                    int64_t out_stride, float eps);
 
   // res[r, :] += in[r, :]; in[r, :] = res[r, :] / rms(res[r, :]) * w
-  void (*fused_add_rms_norm)(DType dt, void* in, void* res, const void* weight,
+  int64_t (*fused_add_rms_norm)(DType dt, void* in, void* res, const void* weight,
                              int64_t rows, int64_t hidden, int64_t in_stride,
                              int64_t res_stride, float eps);
 
@@ -84,14 +87,14 @@ struct KernelTable {
   // out[m, :N] = x[m, :K] @ W^T (+ bias[:N]) with W packed as panels of kPanel
   // columns, [ceil(N/16), K, 16] contiguous (linear_impl.h). Null on the code
   // paths without it (the caller then uses torch's linear).
-  void (*linear)(DType dt, void* out, const void* x, const void* packed,
+  int64_t (*linear)(DType dt, void* out, const void* x, const void* packed,
                  const void* bias, int64_t M, int64_t N, int64_t K, int64_t ldx,
                  int64_t ldo);
 
   // The same for bfloat16 with W packed in k pairs, [ceil(N/16), ceil(K/2),
   // 16, 2], multiplied with AVX512_BF16's dot products: avx512_bf16 only,
   // null on the other code paths.
-  void (*linear_bf16_pairs)(void* out, const void* x, const void* packed,
+  int64_t (*linear_bf16_pairs)(void* out, const void* x, const void* packed,
                             const void* bias, int64_t M, int64_t N, int64_t K,
                             int64_t ldx, int64_t ldo);
 
@@ -100,10 +103,11 @@ struct KernelTable {
   // [ceil(N/16), ceil(K/4), 16, 4] with int32 accumulation, scaled by the
   // row's scale and w_scale[n]. comp[n] = 128 * sum_k W[n, k], padded to the
   // panels. Null on the code paths without it (the caller then uses torch).
-  Int8LinearFn<void> int8_linear;
+  Int8LinearFn<int64_t> int8_linear;
   // The same with AMX-INT8 tiles (comp unused): on the avx512_bf16 path of a
   // compiler with AMX, null elsewhere. Only for a CPU with amx_int8 (the caller
-  // checks); false when the OS refuses the tile state (nothing is written).
+  // checks); false when the OS refuses the tile state or its scratch cannot be
+  // allocated (the caller then runs int8_linear, which writes all of out).
   Int8LinearFn<bool> int8_linear_amx;
   // Prefill (and chunked-prefill) attention over the paged cache. query/out:
   // [T, heads, head_size] contiguous; sequence b's queries are rows
@@ -112,10 +116,11 @@ struct KernelTable {
   // keys at positions <= its own (and > its own - sliding_window when
   // sliding_window > 0). Validated by the caller. Null where not compiled
   // (NEON: the caller runs the torch reference).
-  PrefillAttentionFn<void> paged_prefill_attention;
+  PrefillAttentionFn<int64_t> paged_prefill_attention;
   // The same with AMX bfloat16 tiles (avx512_bf16 path, a compiler with AMX;
   // null elsewhere), for a CPU the caller has checked. False (nothing written)
-  // for float32, a shape it does not take or when the OS refuses the tile state.
+  // for float32, a shape it does not take, when the OS refuses the tile state
+  // or its scratch cannot be allocated (the caller then runs the one above).
   PrefillAttentionFn<bool> paged_prefill_attention_amx;
 
   // Mixture-of-experts MLP (moe_impl.h): out[t, :H] = sum over j < topk of
@@ -125,10 +130,36 @@ struct KernelTable {
   // kernel's panels: [E, ceil(2I/16), steps, 16 * kp] and [E, ceil(H/16),
   // steps, 16 * kp], kp = 2 (bfloat16 k pairs, `pairs`, avx512_bf16 only)
   // or 1. Null where not compiled (the caller runs the torch reference).
-  void (*fused_moe)(DType dt, bool pairs, void* out, const void* x, const void* w13,
+  int64_t (*fused_moe)(DType dt, bool pairs, void* out, const void* x, const void* w13,
                     const void* w2, const float* topk_weights, const int32_t* topk_ids,
                     int64_t tokens, int64_t H, int64_t I, int64_t E, int64_t topk,
                     int64_t ldx, int64_t ldo);
+
+  // Weight-only quantized linear layers, W4A16 and W8A16 (layout and math:
+  // wna16.h); the x86 code paths only, null elsewhere (engine.ops then runs
+  // engine.reference's).
+  // out[m, :N] = x[m, :K] @ W^T, in float32 (bfloat16 x converted), out rounded
+  // once to its dtype. For few rows (decode): the weight is read once a call.
+  int64_t (*wna16_linear)(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
+                          const float* scales, const uint8_t* zeros, int64_t M, int64_t N,
+                          int64_t K, int64_t group_size, int64_t ldx, int64_t ldo);
+  // wt[k, n] = W[n, k] ([K, N] contiguous, rounded once to dt): the panel for
+  // a large-M GEMM (prefill), run by torch.
+  void (*wna16_dequant)(DType dt, int bits, void* wt, const uint32_t* packed, const float* scales,
+                        const uint8_t* zeros, int64_t N, int64_t K, int64_t group_size);
+  // wna16_linear with AMX tiles, bfloat16 only (avx512_bf16 path; null
+  // elsewhere), for a CPU the caller has checked; false (nothing written) where
+  // it does not run: float32, a group size not a multiple of 32, no tile state,
+  // no scratch.
+  bool (*wna16_linear_amx)(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
+                           const float* scales, const uint8_t* zeros, int64_t M, int64_t N,
+                           int64_t K, int64_t group_size, int64_t ldx, int64_t ldo);
+  // the weight in the panel kernel's layout (linear_impl.h): k_pack 1,
+  // [ceil(N/16), K, 16]; k_pack 2 (bfloat16 only), [ceil(N/16), ceil(K/2), 16]
+  // k pairs; the B of a large-M GEMM by the engine's own panel kernel.
+  void (*wna16_dequant_panels)(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
+                               const float* scales, const uint8_t* zeros, int64_t N, int64_t K,
+                               int64_t group_size);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is
@@ -139,4 +170,4 @@ const KernelTable* kernels_avx512();
 const KernelTable* kernels_avx512_bf16();
 const KernelTable* kernels_generic();
 
-}  // namespace engine_cpu
+}  // namespace engine::cpu

@@ -1,5 +1,5 @@
-// Small-M linear layers (decode: a few rows against a large weight), included
-// by kernels_impl.cpp inside its anonymous namespace for the x86 vector ISAs.
+// Linear layers on the x86 vector ISAs (cpu_types_x86.h), decode's few rows
+// and prefill's many.
 //
 // out[M, N] = x[M, K] @ W[N, K]^T (+ bias). The weight is packed once at load
 // into panels of NR = 16 columns, each K x 16 and contiguous ([ceil(N/16), K,
@@ -9,6 +9,18 @@
 // packed k-major per tile of MR rows, so the microkernel does one weight load
 // (converted from bfloat16 in registers) per MR fused multiply-adds.
 //
+#pragma once
+
+#include <stdint.h>
+
+#include "cpu_types.h"
+#include "kernels.h"
+#include "scalar.h"
+#include "scratch.h"
+#include "tiles.h"
+
+namespace engine::cpu {
+namespace {
 
 constexpr int64_t NR = kPanel;
 constexpr int64_t NV = NR / W;  // vectors per panel row
@@ -93,7 +105,7 @@ void linear_tile(const typename Tile::A* a, const T* panel, int64_t steps, float
       B b[NB];
       for (int j = 0; j < P; ++j) {
         const T* pk = panel + j * steps * STEP + (k + u) * STEP;
-        _mm_prefetch(reinterpret_cast<const char*>(pk + ahead * STEP), _MM_HINT_T0);
+        vprefetch(pk + ahead * STEP);
         for (int v = 0; v < NV; ++v) b[j * NV + v] = Tile::load_b(pk + v * VSTEP);
       }
 #pragma GCC unroll 16
@@ -140,22 +152,9 @@ inline TileFn<Tile, T> tile_fn(int mr) {
   }
 }
 
-// The tile's results (floats, TILE_COLS per row) to out, columns [n0, n0 + cols).
-template <typename T>
-inline void store_tile(T* out, int64_t ldo, const float* tile, int64_t tile_cols, int rows,
-                       int64_t n0, int64_t cols) {
-  for (int r = 0; r < rows; ++r) {
-    T* o = out + r * ldo + n0;
-    const float* t = tile + r * tile_cols;
-    int64_t c = 0;
-    for (; c + W <= cols; c += W) vstore(o + c, vload(t + c));
-    for (; c < cols; ++c) o[c] = Elem<T>::store(t[c]);
-  }
-}
-
 // The weight holds Tile::KP k values per step: [ceil(N/16), steps, 16, KP].
 template <TileShape S, typename Tile, typename T>
-void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
+int64_t linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
                    int64_t K, int64_t ldx, int64_t ldo) {
   using A = typename Tile::A;
   constexpr int NP = S.np, MR_MAX = S.mr_max;
@@ -166,10 +165,11 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
   const int64_t groups = (panels + NP - 1) / NP;  // tiles across N
   const int64_t tiles = (M + MR_MAX - 1) / MR_MAX;
   // x step-major per tile of MR_MAX rows (the last tile has M % MR_MAX)
-  A* a = static_cast<A*>(aligned_alloc(64, ((M * steps * sizeof(A) + 63) / 64) * 64));
-  float* bias_f = nullptr;
+  Allocs mem;
+  A* a = mem.get<A>(M * steps);
+  float* bias_f = bias ? mem.get<float>(groups * TILE_COLS) : nullptr;
+  if (mem.failed()) return mem.failed();
   if (bias) {
-    bias_f = static_cast<float*>(malloc(sizeof(float) * groups * TILE_COLS));
     for (int64_t n = 0; n < groups * TILE_COLS; ++n)
       bias_f[n] = n < N ? Elem<T>::load(bias[n]) : 0.f;
   }
@@ -180,16 +180,8 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
   const int64_t block_tiles = kBlockBytes / tile_bytes > 0 ? kBlockBytes / tile_bytes : 1;
 #pragma omp parallel if (threads)
   {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m0 = t * MR_MAX;
-      const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-      A* at = a + m0 * steps;
-      for (int r = 0; r < mr; ++r) {
-        const T* xr = x + (m0 + r) * ldx;
-        for (int64_t k = 0; k < steps; ++k) at[k * mr + r] = Tile::load_a(xr, k, K);
-      }
-    }
+    pack_rows<MR_MAX>(a, M, steps,
+                      [&](int64_t m, int64_t k) { return Tile::load_a(x + m * ldx, k, K); });
     alignas(64) float tile[MR_MAX * TILE_COLS];
     for (int64_t t0 = 0; t0 < tiles; t0 += block_tiles) {
       const int64_t t1 = t0 + block_tiles < tiles ? t0 + block_tiles : tiles;
@@ -200,7 +192,7 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
         const int64_t n0 = p0 * NR, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t m0 = t * MR_MAX;
-          const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+          const int mr = tile_rows(M, m0, MR_MAX);
           const float* b = bias_f ? bias_f + n0 : nullptr;
           if (np == NP) {
             tile_fn<Tile, NP, MR_MAX, T>(mr)(a + m0 * steps, panel, steps, tile, b);
@@ -213,15 +205,15 @@ void linear_shaped(T* out, const T* x, const T* packed, const T* bias, int64_t M
       }
     }
   }
-  free(a);
-  free(bias_f);
+  return 0;
 }
 
 template <typename Tile, typename T>
-void linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
-              int64_t K, int64_t ldx, int64_t ldo) {
-  if (M <= DECODE.mr_max)
-    linear_shaped<DECODE, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
-  else
-    linear_shaped<PREFILL, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
+int64_t linear_t(T* out, const T* x, const T* packed, const T* bias, int64_t M, int64_t N,
+                 int64_t K, int64_t ldx, int64_t ldo) {
+  if (M <= DECODE.mr_max) return linear_shaped<DECODE, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
+  return linear_shaped<PREFILL, Tile>(out, x, packed, bias, M, N, K, ldx, ldo);
 }
+
+}  // namespace
+}  // namespace engine::cpu

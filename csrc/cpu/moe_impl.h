@@ -1,5 +1,5 @@
-// Fused mixture-of-experts MLP for the x86 vector ISAs, included by
-// kernels_impl.cpp after linear_impl.h, whose tiles it runs.
+// Fused mixture-of-experts MLP for the x86 vector ISAs: it runs
+// linear_impl.h's tiles.
 //
 // out[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = ids[t, j].
 // The (token, j) rows are grouped by expert (a counting sort), then each
@@ -8,6 +8,16 @@
 // one is never read, and no thread waits on a per-expert launch. Each expert
 // holds gate and up as one [2I, H] weight and down as [H, I], both packed as
 // the linear kernel's panels.
+#pragma once
+
+#include <stdint.h>
+
+#include "linear_impl.h"
+#include "scalar.h"
+#include "scratch.h"
+
+namespace engine::cpu {
+namespace {
 
 // Rows of one expert: its tile shape follows its own row count (decode's few
 // rows read the weight once; many rows take the compute-bound shape).
@@ -89,7 +99,7 @@ void moe_gemm(const MoeExpert* ex, const int64_t* start, int64_t E, int64_t item
 
 // One chunk of tokens (bounded, so that the float buffers stay small).
 template <typename Tile, typename T>
-void fused_moe_chunk(T* out, const T* x, const T* w13, const T* w2, const float* topk_w,
+int64_t fused_moe_chunk(T* out, const T* x, const T* w13, const T* w2, const float* topk_w,
                      const int32_t* topk_ids, int64_t tokens, int64_t H, int64_t I, int64_t E,
                      int64_t topk, int64_t ldx, int64_t ldo) {
   using A = typename Tile::A;
@@ -98,12 +108,19 @@ void fused_moe_chunk(T* out, const T* x, const T* w13, const T* w2, const float*
   const int64_t panels1 = (2 * I + NR - 1) / NR, panels2 = (H + NR - 1) / NR;
   const int64_t ld1 = panels1 * NR, ld2 = panels2 * NR;
   // counting sort of the rows by expert: order[s] = the (token, j) at sorted s
-  MoeExpert* ex = static_cast<MoeExpert*>(calloc(E, sizeof(MoeExpert)));
-  int64_t* start1 = static_cast<int64_t*>(malloc(sizeof(int64_t) * (E + 1)));
-  int64_t* start2 = static_cast<int64_t*>(malloc(sizeof(int64_t) * (E + 1)));
-  int64_t* order = static_cast<int64_t*>(malloc(sizeof(int64_t) * rows));
-  int64_t* where = static_cast<int64_t*>(malloc(sizeof(int64_t) * rows));
-  float* scale = static_cast<float*>(malloc(sizeof(float) * rows));
+  Allocs mem;
+  MoeExpert* ex = mem.get<MoeExpert>(E);
+  int64_t* start1 = mem.get<int64_t>(E + 1);
+  int64_t* start2 = mem.get<int64_t>(E + 1);
+  int64_t* order = mem.get<int64_t>(rows);
+  int64_t* where = mem.get<int64_t>(rows);
+  float* scale = mem.get<float>(rows);
+  A* a1 = mem.get<A>(rows * steps1);
+  A* a2 = mem.get<A>(rows * steps2);
+  float* h = mem.get<float>(rows * ld1);
+  float* y = mem.get<float>(rows * ld2);
+  if (mem.failed()) return mem.failed();
+  for (int64_t e = 0; e < E; ++e) ex[e] = MoeExpert{};
   for (int64_t r = 0; r < rows; ++r) ex[topk_ids[r]].rows++;
   for (int64_t e = 0, acc = 0; e < E; ++e) {
     ex[e].first = acc;
@@ -122,14 +139,15 @@ void fused_moe_chunk(T* out, const T* x, const T* w13, const T* w2, const float*
   }
   const int64_t items1 = moe_items(ex, E, panels1, start1);
   const int64_t items2 = moe_items(ex, E, panels2, start2);
-  A* a1 = static_cast<A*>(aligned_alloc(64, ((rows * steps1 * sizeof(A) + 63) / 64) * 64));
-  A* a2 = static_cast<A*>(aligned_alloc(64, ((rows * steps2 * sizeof(A) + 63) / 64) * 64));
-  float* h = static_cast<float*>(aligned_alloc(64, ((rows * ld1 * sizeof(float) + 63) / 64) * 64));
-  float* y = static_cast<float*>(aligned_alloc(64, ((rows * ld2 * sizeof(float) + 63) / 64) * 64));
   const bool threads = rows * H * I >= (int64_t{1} << 16);
+  int64_t failed = 0;
 #pragma omp parallel if (threads)
   {
-    T* act = static_cast<T*>(malloc(sizeof(T) * (I + 1)));
+    Allocs tmem;
+    T* act = tmem.get<T>(I + 1);
+    // a thread without it cannot skip its share (the steps share buffers): it
+    // stores nothing, the others finish and the call reports the failure
+    if (act == nullptr) note_failed(failed, tmem.failed());
     // 1. x rows, grouped by expert, step-major per tile
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < rows; ++s) {
@@ -143,6 +161,7 @@ void fused_moe_chunk(T* out, const T* x, const T* w13, const T* w2, const float*
     // 3. silu(gate) * up, rounded to T as the unfused layers would, then laid out for down
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < rows; ++s) {
+      if (act == nullptr) continue;
       const float* hr = h + s * ld1;
       for (int64_t i = 0; i < I; ++i) act[i] = Elem<T>::store(silu(hr[i]) * hr[I + i]);
       act[I] = Elem<T>::store(0.f);
@@ -162,30 +181,26 @@ void fused_moe_chunk(T* out, const T* x, const T* w13, const T* w2, const float*
         o[c] = Elem<T>::store(sum);
       }
     }
-    free(act);
   }
-  free(ex);
-  free(start1);
-  free(start2);
-  free(order);
-  free(where);
-  free(scale);
-  free(a1);
-  free(a2);
-  free(h);
-  free(y);
+  return failed;
 }
 
 // Tokens a chunk: the float buffers hold chunk * topk rows of 2I and H.
 constexpr int64_t kMoeChunk = 512;
 
 template <typename Tile, typename T>
-void fused_moe_t(T* out, const T* x, const T* w13, const T* w2, const float* topk_w,
+int64_t fused_moe_t(T* out, const T* x, const T* w13, const T* w2, const float* topk_w,
                  const int32_t* topk_ids, int64_t tokens, int64_t H, int64_t I, int64_t E,
                  int64_t topk, int64_t ldx, int64_t ldo) {
   for (int64_t t0 = 0; t0 < tokens; t0 += kMoeChunk) {
     const int64_t n = tokens - t0 < kMoeChunk ? tokens - t0 : kMoeChunk;
-    fused_moe_chunk<Tile>(out + t0 * ldo, x + t0 * ldx, w13, w2, topk_w + t0 * topk,
-                          topk_ids + t0 * topk, n, H, I, E, topk, ldx, ldo);
+    const int64_t failed = fused_moe_chunk<Tile>(out + t0 * ldo, x + t0 * ldx, w13, w2,
+                                                 topk_w + t0 * topk, topk_ids + t0 * topk, n, H,
+                                                 I, E, topk, ldx, ldo);
+    if (failed) return failed;
   }
+  return 0;
 }
+
+}  // namespace
+}  // namespace engine::cpu

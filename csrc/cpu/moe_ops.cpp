@@ -14,7 +14,6 @@ namespace {
 // A packed expert stack [E, ceil(rows/16), steps, 16 * kp] with k = cols.
 void check_experts(const at::Tensor& w, const at::Tensor& input, int64_t E, int64_t rows,
                    int64_t cols, int64_t kp, const char* op, const char* name) {
-  using engine_cpu::kPanel;
   const int64_t panels = (rows + kPanel - 1) / kPanel, steps = (cols + kp - 1) / kp;
   TORCH_CHECK_VALUE(w.dim() == 4 && w.size(0) == E && w.size(1) == panels &&
                         w.size(2) == steps && w.size(3) == kPanel * kp && w.is_contiguous(),
@@ -41,7 +40,7 @@ void fused_moe(at::Tensor& out, const at::Tensor& input, const at::Tensor& w13,
   TORCH_CHECK_VALUE(I > 0, op, ": intermediate must be positive, got ", I);
   TORCH_CHECK_VALUE(w13.dim() == 4 && w13.size(3) > 0, op, ": w13 must be 4-D, got shape ",
                     w13.sizes());
-  const int64_t E = w13.size(0), kp = w13.size(3) / engine_cpu::kPanel;
+  const int64_t E = w13.size(0), kp = w13.size(3) / kPanel;
   TORCH_CHECK_VALUE(kp == 1 || (kp == 2 && dt == at::kBFloat16), op,
                     ": experts packed in k pairs are bfloat16 only, got ", dt);
   check_experts(w13, input, E, 2 * I, H, kp, op, "w13");
@@ -62,11 +61,12 @@ void fused_moe(at::Tensor& out, const at::Tensor& input, const at::Tensor& w13,
     out.zero_();
     return;
   }
-  table.fused_moe(dt == at::kFloat ? engine_cpu::DType::kFloat32 : engine_cpu::DType::kBFloat16,
-                  kp == 2, out.data_ptr(), input.const_data_ptr(), w13.const_data_ptr(),
-                  w2.const_data_ptr(), topk_weights.const_data_ptr<float>(),
-                  topk_ids.const_data_ptr<int32_t>(), T, H, I, E, topk_ids.size(1),
-                  input.stride(0), out.stride(0));
+  check_scratch(table.fused_moe(dt == at::kFloat ? DType::kFloat32 : DType::kBFloat16, kp == 2,
+                                out.data_ptr(), input.const_data_ptr(), w13.const_data_ptr(),
+                                w2.const_data_ptr(), topk_weights.const_data_ptr<float>(),
+                                topk_ids.const_data_ptr<int32_t>(), T, H, I, E, topk_ids.size(1),
+                                input.stride(0), out.stride(0)),
+                op);
 }
 
 }  // namespace cpu

@@ -1,8 +1,8 @@
 // Prefill attention for bfloat16 with AMX tiles (tdpbf16ps), on CPUs that
 // have them: the flash loop of prefill_attention_impl.h, with the two matmuls
 // (Q K^T and P V) as 16 x 16 x 32 tile products and the online softmax in
-// AVX-512 between them. Included by kernels_impl.cpp after
-// int8_linear_impl.h (AmxConfig, amx_permitted) on the avx512_bf16 path.
+// AVX-512 between them. On the avx512_bf16 path where int8_linear_amx.h has
+// AMX (ENGINE_HAS_AMX_INT8: a compiler with the tile intrinsics).
 //
 // A tile's B operand pairs its k dimension ("VNNI" layout), so each (sequence,
 // kv head)'s keys and values are first repacked once from the paged cache:
@@ -13,6 +13,17 @@
 // 64 (four score tiles), causal and window masks are applied to the scores.
 // P is rounded to bfloat16 for the second product, as upstream's does.
 #pragma once
+
+#include <stdint.h>
+
+#include "amx.h"
+#include "int8_linear_amx.h"
+#include "prefill_attention_impl.h"
+#include "scalar.h"
+#include "scratch.h"
+
+namespace engine::cpu {
+namespace {
 
 #if defined(ENGINE_HAS_AMX_INT8) && defined(__AVX512BF16__)
 #define ENGINE_HAS_AMX_ATTENTION 1
@@ -171,8 +182,9 @@ inline void amx_softmax(const float* s, uint16_t* pa, __m512* m, __m512* l, floa
   }
 }
 
-// Whether it ran (false: the OS refused the tile state, or a shape it does not
-// take: head size not a multiple of 32, more than 16 query heads a kv head).
+// Whether it ran (false: the OS refused the tile state, its scratch could not be
+// allocated, or a shape it does not take: head size not a multiple of 32, more
+// than 16 query heads a kv head).
 __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf16(
     uint16_t* out, const uint16_t* query, const uint16_t* key_cache, const uint16_t* value_cache,
     const int32_t* block_tables, const int32_t* query_start_loc, const int32_t* seq_lens,
@@ -183,7 +195,9 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
   const int64_t tile_tokens = 16 / group;
   const int64_t head_stride = block_size * D, block_stride = kv_heads * head_stride;
   // per sequence: keys packed (a multiple of kAmxKeys), offset of its kv heads' packs
-  int64_t* packed_at = static_cast<int64_t*>(malloc(sizeof(int64_t) * (seqs + 1)));
+  Allocs mem;
+  int64_t* packed_at = mem.get<int64_t>(seqs + 1);
+  if (packed_at == nullptr) return false;
   int64_t n_items = 0;
   packed_at[0] = 0;
   for (int64_t b = 0; b < seqs; ++b) {
@@ -192,13 +206,11 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
     const int64_t q_len = query_start_loc[b + 1] - query_start_loc[b];
     n_items += kv_heads * ((q_len + tile_tokens - 1) / tile_tokens);
   }
-  if (n_items == 0) {
-    free(packed_at);
-    return true;
-  }
-  uint16_t* kt = static_cast<uint16_t*>(aligned_alloc(64, (packed_at[seqs] * 2 + 63) / 64 * 64));
-  uint16_t* vt = static_cast<uint16_t*>(aligned_alloc(64, (packed_at[seqs] * 2 + 63) / 64 * 64));
-  PrefillItem* items = static_cast<PrefillItem*>(malloc(sizeof(PrefillItem) * n_items));
+  if (n_items == 0) return true;
+  uint16_t* kt = mem.get<uint16_t>(packed_at[seqs]);
+  uint16_t* vt = mem.get<uint16_t>(packed_at[seqs]);
+  PrefillItem* items = mem.get<PrefillItem>(n_items);
+  if (mem.failed()) return false;  // the caller runs the vector kernel, which reports it
   int64_t ni = 0;
   // A kv head's tiles one after another, so that its packed keys and values
   // (D x len x 4 bytes) stay in the threads' L2 caches; the latest (longest) first.
@@ -228,7 +240,7 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
     alignas(64) float tmp[16 * 32];
     __m512 m[16], l[16];
     int32_t q_pos[16];
-    float* o = static_cast<float*>(aligned_alloc(64, sizeof(float) * 16 * D));
+    alignas(64) float o[16 * 256];  // 16 rows of D <= 256
     amx_attention_configure();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
@@ -278,12 +290,10 @@ __attribute__((target("amx-tile,amx-bf16"))) bool paged_prefill_attention_amx_bf
       }
     }
     _tile_release();
-    free(o);
   }
-  free(items);
-  free(kt);
-  free(vt);
-  free(packed_at);
   return true;
 }
 #endif
+
+}  // namespace
+}  // namespace engine::cpu

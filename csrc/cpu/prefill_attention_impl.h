@@ -1,13 +1,23 @@
 // Prefill attention over the paged KV cache: a flash kernel (query tiles x key
 // tiles, online softmax), so no score matrix of the whole sequence and no mask
-// tensor exist. Included by kernels_impl.cpp inside its anonymous namespace,
-// after the vector helpers (VecF, vfma, ...) and cache_row; compiled per ISA.
+// tensor exist. Written against cpu_types_x86.h's vectors (portable loops on
+// the generic path); compiled per ISA.
 //
 // One work item is (sequence, kv head, query tile): the tile holds every query
 // head of the kv head's group for up to kPrefillRows / group tokens, so each
 // key and value row gathered from the cache serves the whole group (GQA
 // without copying K/V per query head).
 #pragma once
+
+#include <stdint.h>
+
+#include "attention_impl.h"
+#include "cpu_types.h"
+#include "scalar.h"
+#include "scratch.h"
+
+namespace engine::cpu {
+namespace {
 
 // Keys per tile.
 constexpr int64_t kPrefillKeys = 24;
@@ -189,7 +199,7 @@ inline void prefill_softmax_step(float* s, float* m, float* l, float* alpha, flo
 }
 
 template <typename T>
-void paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const T* value_cache,
+int64_t paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const T* value_cache,
                                const int32_t* block_tables, const int32_t* query_start_loc,
                                const int32_t* seq_lens, int64_t seqs, int64_t heads,
                                int64_t kv_heads, int64_t D, int64_t block_size,
@@ -213,8 +223,10 @@ void paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const
     const int64_t q_len = query_start_loc[b + 1] - query_start_loc[b];
     n_items += kv_heads * ((q_len + tile_tokens - 1) / tile_tokens);
   }
-  if (n_items == 0) return;
-  PrefillItem* items = static_cast<PrefillItem*>(malloc(sizeof(PrefillItem) * n_items));
+  if (n_items == 0) return 0;
+  Allocs mem;
+  PrefillItem* items = mem.get<PrefillItem>(n_items);
+  if (items == nullptr) return mem.failed();
   int64_t n = 0;
   for (int64_t b = 0; b < seqs; ++b) {
     const int64_t q0 = query_start_loc[b], q1 = query_start_loc[b + 1];
@@ -228,25 +240,27 @@ void paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const
       }
   }
 
+  int64_t failed = 0;
 #pragma omp parallel if (n_items > 1)
   {
-    float* qt = static_cast<float*>(malloc(sizeof(float) * D * max_R));
-    float* o = static_cast<float*>(malloc(sizeof(float) * max_R * D));
-    float* s = static_cast<float*>(malloc(sizeof(float) * kPrefillKeys * max_R));
-    float* m = static_cast<float*>(malloc(sizeof(float) * max_R * 4));
+    Allocs tmem;
+    float* qt = tmem.get<float>(D * max_R);
+    float* o = tmem.get<float>(max_R * D);
+    float* s = tmem.get<float>(kPrefillKeys * max_R);
+    float* m = tmem.get<float>(max_R * 4);
     float* l = m + max_R;
     float* alpha = l + max_R;
     float* mx = alpha + max_R;
-    int32_t* q_pos = static_cast<int32_t*>(malloc(sizeof(int32_t) * max_R));
+    int32_t* q_pos = tmem.get<int32_t>(max_R);
     // bfloat16 keys/values are widened here; float32 ones are read in place.
-    float* kv_buf = IsBf16<T>::value
-                        ? static_cast<float*>(malloc(sizeof(float) * 2 * kPrefillKeys * D))
-                        : nullptr;
+    float* kv_buf = IsBf16<T>::value ? tmem.get<float>(2 * kPrefillKeys * D) : nullptr;
+    if (tmem.failed()) note_failed(failed, tmem.failed());
     const float* krow[kPrefillKeys];
     const float* vrow[kPrefillKeys];
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
+      if (tmem.failed()) continue;
       const PrefillItem item = items[it];
       const int64_t b = item.seq, kh = item.kv_head;
       const int64_t len = seq_lens[b];
@@ -311,12 +325,9 @@ void paged_prefill_attention_t(T* out, const T* query, const T* key_cache, const
         for (int64_t d = 0; d < D; ++d) dst[d] = Elem<T>::store(orow[d] * inv);
       }
     }
-    free(qt);
-    free(o);
-    free(s);
-    free(m);
-    free(q_pos);
-    free(kv_buf);
   }
-  free(items);
+  return failed;
 }
+
+}  // namespace
+}  // namespace engine::cpu

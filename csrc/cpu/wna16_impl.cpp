@@ -1,6 +1,7 @@
 // Weight-only quantized linear layers (W4A16, W8A16) for the x86 vector ISAs:
 // compiled once per ISA as kernels_impl.cpp is (ENGINE_ISA, the same -m
-// flags), only C headers, internal linkage but for the table getter.
+// flags), only C headers, internal linkage but for the entry points (wna16.h),
+// which sit in a namespace of their ISA and fill its KernelTable.
 // Layout and math: wna16.h.
 //
 // Decode (few rows) is memory-bound: a thread streams its panels of packed
@@ -13,8 +14,11 @@
 // With few accumulators each gets several sets (k mod U) so that the FMA
 // latency does not bound the stream.
 #include "wna16.h"
-#include "scalar.h"
 #include "amx.h"
+#include "cpu_types.h"
+#include "scalar.h"
+#include "scratch.h"
+#include "tiles.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,114 +28,58 @@
 #error "ENGINE_ISA must be defined (avx2, avx512 or avx512_bf16)"
 #endif
 
-#include <immintrin.h>
-
-namespace engine_cpu {
+namespace engine::cpu {
 namespace {
 
 constexpr int64_t NR = kPanel;  // columns a panel
 
+// The float side is cpu_types_x86.h's (VecF, vload, vfma, vstore_bits, ...);
+// what only the dequantisation needs, on 32-bit integer lanes, is here per ISA.
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-constexpr int W = 16;
-using VF = __m512;
-using VI = __m512i;
-inline VF fzero() { return _mm512_setzero_ps(); }
-inline VF fset1(float x) { return _mm512_set1_ps(x); }
-inline VF fload(const float* p) { return _mm512_loadu_ps(p); }
-inline void fstore(float* p, VF v) { _mm512_storeu_ps(p, v); }
-inline VF fadd(VF a, VF b) { return _mm512_add_ps(a, b); }
-inline VF fmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
-inline VF ffma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
-inline VI iset1(int x) { return _mm512_set1_epi32(x); }
-inline VI iload(const uint32_t* p) { return _mm512_loadu_si512(p); }
-inline VI izeros(const uint8_t* z) {  // W zero points, widened
+inline VecI iset1(int x) { return _mm512_set1_epi32(x); }
+inline VecI iload(const uint32_t* p) { return _mm512_loadu_si512(p); }
+inline VecI izeros(const uint8_t* z) {  // W zero points, widened
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(z)));
 }
 // (v >> sh) & mask, minus z, as float: exact for 4- and 8-bit values
-inline VF decode(VI v, int sh, VI mask, VI z) {
+inline VecF decode(VecI v, int sh, VecI mask, VecI z) {
   return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, sh), mask), z));
 }
 // (v & mask) | magic as float, magic = 2^23: 2^23 + (v & mask) exactly (below 2^23)
-inline VF magic_or(VI v, VI mask, VI magic) {
+inline VecF magic_or(VecI v, VecI mask, VecI magic) {
   return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, magic, 0xEA));
 }
-inline VI isrl16(VI v) { return _mm512_srli_epi32(v, 16); }
-inline VF icvt(VI v) { return _mm512_cvtepi32_ps(v); }
-inline VF fsub(VF a, VF b) { return _mm512_sub_ps(a, b); }
-// 16 floats to bfloat16, round to nearest even (finite values: dequantised weights)
-inline void store_bf16(uint16_t* p, VF v) {
-  const VI u = _mm512_castps_si512(v);
-  const VI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const VI r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-}
-// bfloat16 k pairs a 32-bit lane (lo: k, hi: k + 1), rounded to nearest even
-inline VI bf16_bits(VF v) {
-  const VI u = _mm512_castps_si512(v);
-  const VI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-}
-inline void store_pair(uint32_t* p, VF lo, VF hi) {
-  _mm512_storeu_si512(p, _mm512_or_si512(bf16_bits(lo), _mm512_slli_epi32(bf16_bits(hi), 16)));
+inline VecI isrl16(VecI v) { return _mm512_srli_epi32(v, 16); }
+inline VecF icvt(VecI v) { return _mm512_cvtepi32_ps(v); }
+// lo's bfloat16 bits in the low half of each lane, hi's in the high half
+inline void store_pair(uint32_t* p, VecF lo, VecF hi) {
+  _mm512_storeu_si512(p, _mm512_or_si512(vbf16_bits(lo), _mm512_slli_epi32(vbf16_bits(hi), 16)));
 }
 constexpr int MR_MAX = 16;  // rows a tile: 16 accumulators (more with k sets) of 32 registers
 #else
-constexpr int W = 8;
-using VF = __m256;
-using VI = __m256i;
-inline VF fzero() { return _mm256_setzero_ps(); }
-inline VF fset1(float x) { return _mm256_set1_ps(x); }
-inline VF fload(const float* p) { return _mm256_loadu_ps(p); }
-inline void fstore(float* p, VF v) { _mm256_storeu_ps(p, v); }
-inline VF fadd(VF a, VF b) { return _mm256_add_ps(a, b); }
-inline VF fmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
-inline VF ffma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
-inline VI iset1(int x) { return _mm256_set1_epi32(x); }
-inline VI iload(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-inline VI izeros(const uint8_t* z) {
+inline VecI iset1(int x) { return _mm256_set1_epi32(x); }
+inline VecI iload(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline VecI izeros(const uint8_t* z) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(z)));
 }
-inline VF decode(VI v, int sh, VI mask, VI z) {
+inline VecF decode(VecI v, int sh, VecI mask, VecI z) {
   return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(v, sh), mask), z));
 }
-inline VF magic_or(VI v, VI mask, VI magic) {
+inline VecF magic_or(VecI v, VecI mask, VecI magic) {
   return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(v, mask), magic));
 }
-inline VI isrl16(VI v) { return _mm256_srli_epi32(v, 16); }
-inline VF icvt(VI v) { return _mm256_cvtepi32_ps(v); }
-inline VF fsub(VF a, VF b) { return _mm256_sub_ps(a, b); }
-inline void store_bf16(uint16_t* p, VF v) {
-  const VI u = _mm256_castps_si256(v);
-  const VI lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const VI r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
-inline VI bf16_bits(VF v) {
-  const VI u = _mm256_castps_si256(v);
-  const VI lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-}
-inline void store_pair(uint32_t* p, VF lo, VF hi) {
+inline VecI isrl16(VecI v) { return _mm256_srli_epi32(v, 16); }
+inline VecF icvt(VecI v) { return _mm256_cvtepi32_ps(v); }
+inline void store_pair(uint32_t* p, VecF lo, VecF hi) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm256_or_si256(bf16_bits(lo), _mm256_slli_epi32(bf16_bits(hi), 16)));
+                      _mm256_or_si256(vbf16_bits(lo), _mm256_slli_epi32(vbf16_bits(hi), 16)));
 }
 constexpr int MR_MAX = 4;  // 16 registers: 8 accumulators, the weight, zero points, mask
 #endif
+// W floats to bfloat16, rounded to nearest even (dequantised weights: finite)
+inline void store_bf16(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
 constexpr int CH = NR / W;  // vectors a panel row
 
-template <typename T>
-struct Elem;
-template <>
-struct Elem<float> {
-  static float load(float x) { return x; }
-  static float store(float x) { return x; }
-};
-template <>
-struct Elem<uint16_t> {
-  static float load(uint16_t x) { return bf16_to_float(x); }
-  static uint16_t store(float x) { return float_to_bf16(x); }
-};
 
 // out[r, :16] += the panel's sums for MR rows of a ([k][MR] floats, zero past
 // K, each k pre-scaled by 2^-(BITS * l), l its place in its half lane below),
@@ -150,25 +98,25 @@ void wna16_tile(const float* a, const uint32_t* panel, const float* scales, cons
   constexpr int PF = 32 / BITS, HALF = PF / 2;
   constexpr int U = MR * CH >= 8 ? 1 : (MR * CH >= 4 ? 2 : 4);  // k sets
   constexpr int64_t ahead = 4096 / (NR * 4);                   // steps: 4 KiB
-  const VI magic = iset1(0x4B000000);
-  VI mask[HALF];
+  const VecI magic = iset1(0x4B000000);
+  VecI mask[HALF];
   for (int l = 0; l < HALF; ++l) mask[l] = iset1(((1 << BITS) - 1) << (BITS * l));
   for (int64_t g = 0; g < groups; ++g) {
-    VF zf[HALF][CH];  // 2^23 + zero * 2^(BITS * l)
+    VecF zf[HALF][CH];  // 2^23 + zero * 2^(BITS * l)
     for (int c = 0; c < CH; ++c) {
-      const VF z = icvt(izeros(zeros + g * NR + c * W));
+      const VecF z = icvt(izeros(zeros + g * NR + c * W));
       for (int l = 0; l < HALF; ++l)
-        zf[l][c] = ffma(z, fset1(static_cast<float>(1 << (BITS * l))), fset1(8388608.f));
+        zf[l][c] = vfma(z, vset1(static_cast<float>(1 << (BITS * l))), vset1(8388608.f));
     }
-    VF acc[U][MR][CH];
+    VecF acc[U][MR][CH];
     for (int u = 0; u < U; ++u)
       for (int r = 0; r < MR; ++r)
-        for (int c = 0; c < CH; ++c) acc[u][r][c] = fzero();
+        for (int c = 0; c < CH; ++c) acc[u][r][c] = vset1(0.f);
     const uint32_t* p = panel + g * gsteps * NR;
     const float* ag = a + g * gsteps * PF * MR;
     for (int64_t s = 0; s < gsteps; ++s) {
       _mm_prefetch(reinterpret_cast<const char*>(p + (s + ahead) * NR), _MM_HINT_T0);
-      VI v[2][CH];
+      VecI v[2][CH];
       for (int c = 0; c < CH; ++c) {
         v[0][c] = iload(p + s * NR + c * W);
         v[1][c] = isrl16(v[0][c]);
@@ -176,22 +124,22 @@ void wna16_tile(const float* a, const uint32_t* panel, const float* scales, cons
 #pragma GCC unroll 8
       for (int j = 0; j < PF; ++j) {
         const int h = j / HALF, l = j % HALF;
-        VF w[CH];
-        for (int c = 0; c < CH; ++c) w[c] = fsub(magic_or(v[h][c], mask[l], magic), zf[l][c]);
+        VecF w[CH];
+        for (int c = 0; c < CH; ++c) w[c] = vsub(magic_or(v[h][c], mask[l], magic), zf[l][c]);
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-          const VF xb = fset1(ag[(s * PF + j) * MR + r]);
-          for (int c = 0; c < CH; ++c) acc[j % U][r][c] = ffma(xb, w[c], acc[j % U][r][c]);
+          const VecF xb = vset1(ag[(s * PF + j) * MR + r]);
+          for (int c = 0; c < CH; ++c) acc[j % U][r][c] = vfma(xb, w[c], acc[j % U][r][c]);
         }
       }
     }
     for (int c = 0; c < CH; ++c) {
-      const VF sc = fload(scales + g * NR + c * W);
+      const VecF sc = vload(scales + g * NR + c * W);
       for (int r = 0; r < MR; ++r) {
-        VF t = acc[0][r][c];
-        for (int u = 1; u < U; ++u) t = fadd(t, acc[u][r][c]);
+        VecF t = acc[0][r][c];
+        for (int u = 1; u < U; ++u) t = vadd(t, acc[u][r][c]);
         float* o = out + r * NR + c * W;
-        fstore(o, ffma(t, sc, fload(o)));
+        vstore(o, vfma(t, sc, vload(o)));
       }
     }
   }
@@ -234,27 +182,27 @@ void wna16_tile_pairs(const uint32_t* a, const uint32_t* panel, const float* sca
                       const uint8_t* zeros, int64_t groups, int64_t gsteps, float* out) {
   constexpr int PF = 32 / BITS, HALF = PF / 2;
   constexpr int64_t ahead = 4096 / (NR * 4);
-  const VI magic = iset1(0x4B000000), top = iset1(static_cast<int>(0xFFFF0000u));
-  VI mask[HALF];
+  const VecI magic = iset1(0x4B000000), top = iset1(static_cast<int>(0xFFFF0000u));
+  VecI mask[HALF];
   for (int l = 0; l < HALF; ++l) mask[l] = iset1(((1 << BITS) - 1) << (BITS * l));
   for (int64_t g = 0; g < groups; ++g) {
-    VF zf[HALF];
-    const VF z = icvt(izeros(zeros + g * NR));
+    VecF zf[HALF];
+    const VecF z = icvt(izeros(zeros + g * NR));
     for (int l = 0; l < HALF; ++l)
-      zf[l] = ffma(z, fset1(static_cast<float>(1 << (BITS * l))), fset1(8388608.f));
-    VF acc[MR];
-    for (int r = 0; r < MR; ++r) acc[r] = fzero();
+      zf[l] = vfma(z, vset1(static_cast<float>(1 << (BITS * l))), vset1(8388608.f));
+    VecF acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = vset1(0.f);
     const uint32_t* p = panel + g * gsteps * NR;
     const uint32_t* ag = a + g * gsteps * (PF / 2) * MR;
     for (int64_t s = 0; s < gsteps; ++s) {
       _mm_prefetch(reinterpret_cast<const char*>(p + (s + ahead) * NR), _MM_HINT_T0);
-      VI v[2];
+      VecI v[2];
       v[0] = iload(p + s * NR);
       v[1] = isrl16(v[0]);
 #pragma GCC unroll 8
       for (int j = 0; j < PF; j += 2) {
-        const VF w0 = fsub(magic_or(v[j / HALF], mask[j % HALF], magic), zf[j % HALF]);
-        const VF w1 = fsub(magic_or(v[(j + 1) / HALF], mask[(j + 1) % HALF], magic),
+        const VecF w0 = vsub(magic_or(v[j / HALF], mask[j % HALF], magic), zf[j % HALF]);
+        const VecF w1 = vsub(magic_or(v[(j + 1) / HALF], mask[(j + 1) % HALF], magic),
                            zf[(j + 1) % HALF]);
         const __m512bh wp = (__m512bh)_mm512_ternarylogic_epi32(
             _mm512_srli_epi32(_mm512_castps_si512(w0), 16), _mm512_castps_si512(w1), top, 0xF8);
@@ -264,8 +212,8 @@ void wna16_tile_pairs(const uint32_t* a, const uint32_t* panel, const float* sca
           acc[r] = _mm512_dpbf16_ps(acc[r], wp, (__m512bh)_mm512_set1_epi32(static_cast<int>(xs[r])));
       }
     }
-    const VF sc = fload(scales + g * NR);
-    for (int r = 0; r < MR; ++r) fstore(out + r * NR, ffma(acc[r], sc, fload(out + r * NR)));
+    const VecF sc = vload(scales + g * NR);
+    for (int r = 0; r < MR; ++r) vstore(out + r * NR, vfma(acc[r], sc, vload(out + r * NR)));
   }
 }
 
@@ -322,8 +270,8 @@ struct FloatA {
 
 // S: how x is staged for the tile kernel (FloatA, or PairA's k pairs).
 template <int BITS, typename T, typename S>
-void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
-              const uint8_t* zeros, int64_t M, int64_t N, int64_t K, int64_t G, int64_t ldx,
+int64_t linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
+                 const uint8_t* zeros, int64_t M, int64_t N, int64_t K, int64_t G, int64_t ldx,
               int64_t ldo) {
   using A = typename S::A;
   constexpr int PF = 32 / BITS;
@@ -334,56 +282,47 @@ void linear_t(T* out, const T* x, const uint32_t* packed, const float* scales,
   // tile kernels read it
   float pre[PF];
   for (int j = 0; j < PF; ++j) pre[j] = 1.f / static_cast<float>(1 << (BITS * (j % (PF / 2))));
-  A* a = static_cast<A*>(aligned_alloc(64, ((M * Ks * sizeof(A) + 63) / 64) * 64));
+  Allocs mem;
+  A* a = mem.get<A>(M * Ks);
+  if (mem.failed()) return mem.failed();
   const bool threads = M * N * K >= (int64_t{1} << 18);
 #pragma omp parallel if (threads)
   {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m0 = t * MR_MAX;
-      const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-      A* at = a + m0 * Ks;
-      for (int r = 0; r < mr; ++r) {
-        const T* xr = x + (m0 + r) * ldx;
-        for (int64_t h = 0; h < Ks; ++h) at[h * mr + r] = S::stage(xr, h, K, pre);
-      }
-    }
+    pack_rows<MR_MAX>(a, M, Ks,
+                      [&](int64_t m, int64_t h) { return S::stage(x + m * ldx, h, K, pre); });
     alignas(64) float tile[MR_MAX * NR];
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t n0 = p * NR, cols = N - n0 < NR ? N - n0 : NR;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m0 = t * MR_MAX;
-        const int mr = static_cast<int>(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+        const int mr = tile_rows(M, m0, MR_MAX);
         memset(tile, 0, sizeof(tile));
         S::tile(mr)(a + m0 * Ks, packed + p * steps * NR, scales + p * groups * NR,
                     zeros + p * groups * NR, groups, gsteps, tile);
-        for (int r = 0; r < mr; ++r) {
-          T* o = out + (m0 + r) * ldo + n0;
-          for (int64_t c = 0; c < cols; ++c) o[c] = Elem<T>::store(tile[r * NR + c]);
-        }
+        store_tile(out + m0 * ldo, ldo, tile, NR, mr, n0, cols);
       }
     }
   }
-  free(a);
+  return 0;
 }
 
-inline void store_row(float* p, VF v, int64_t cols) {
+inline void store_row(float* p, VecF v, int64_t cols) {
   if (cols == W) {
-    fstore(p, v);
+    vstore(p, v);
     return;
   }
   alignas(64) float t[W];
-  fstore(t, v);
+  vstore(t, v);
   for (int64_t c = 0; c < cols; ++c) p[c] = t[c];
 }
-inline void store_row(uint16_t* p, VF v, int64_t cols) {
+inline void store_row(uint16_t* p, VecF v, int64_t cols) {
   if (cols == W) {
     store_bf16(p, v);
     return;
   }
   alignas(64) float t[W];
-  fstore(t, v);
+  vstore(t, v);
   for (int64_t c = 0; c < cols; ++c) p[c] = float_to_bf16(t[c]);
 }
 
@@ -394,7 +333,7 @@ void dequant_t(T* wt, const uint32_t* packed, const float* scales, const uint8_t
   const int64_t groups = (K + G - 1) / G, gsteps = G / PF, steps = groups * gsteps;
   const int64_t panels = (N + NR - 1) / NR;
   const int64_t ksteps = (K + PF - 1) / PF;  // steps holding some k < K
-  const VI mask = iset1((1 << BITS) - 1);
+  const VecI mask = iset1((1 << BITS) - 1);
 #pragma omp parallel for collapse(2) schedule(static) if (N * K >= (int64_t{1} << 16))
   for (int64_t p = 0; p < panels; ++p)
     for (int64_t s = 0; s < ksteps; ++s) {
@@ -403,11 +342,11 @@ void dequant_t(T* wt, const uint32_t* packed, const float* scales, const uint8_t
         const int64_t c0 = n0 + c * W;
         if (c0 >= N) break;
         const int64_t cols = N - c0 < W ? N - c0 : W;
-        const VI v = iload(packed + (p * steps + s) * NR + c * W);
-        const VI z = izeros(zeros + (p * groups + g) * NR + c * W);
-        const VF sc = fload(scales + (p * groups + g) * NR + c * W);
+        const VecI v = iload(packed + (p * steps + s) * NR + c * W);
+        const VecI z = izeros(zeros + (p * groups + g) * NR + c * W);
+        const VecF sc = vload(scales + (p * groups + g) * NR + c * W);
         for (int j = 0; j < PF && s * PF + j < K; ++j)
-          store_row(wt + (s * PF + j) * N + c0, fmul(decode(v, j * BITS, mask, z), sc), cols);
+          store_row(wt + (s * PF + j) * N + c0, vmul(decode(v, j * BITS, mask, z), sc), cols);
       }
     }
 }
@@ -422,82 +361,27 @@ void dequant_panels_t(T* wp, int k_pack, const uint32_t* packed, const float* sc
   const int64_t groups = (K + G - 1) / G, gsteps = G / PF, steps = groups * gsteps;
   const int64_t panels = (N + NR - 1) / NR, rows = (K + k_pack - 1) / k_pack;
   const int64_t ksteps = (K + PF - 1) / PF;
-  const VI mask = iset1((1 << BITS) - 1);
+  const VecI mask = iset1((1 << BITS) - 1);
 #pragma omp parallel for collapse(2) schedule(static) if (N * K >= (int64_t{1} << 16))
   for (int64_t p = 0; p < panels; ++p)
     for (int64_t s = 0; s < ksteps; ++s) {
       const int64_t g = s / gsteps, k0 = s * PF;
       for (int c = 0; c < CH; ++c) {
-        const VI v = iload(packed + (p * steps + s) * NR + c * W);
-        const VI z = izeros(zeros + (p * groups + g) * NR + c * W);
-        const VF sc = fload(scales + (p * groups + g) * NR + c * W);
+        const VecI v = iload(packed + (p * steps + s) * NR + c * W);
+        const VecI z = izeros(zeros + (p * groups + g) * NR + c * W);
+        const VecF sc = vload(scales + (p * groups + g) * NR + c * W);
         if (k_pack == 2) {  // PF is even, so k0 + j is: whole pairs but at K's end
           uint32_t* dst = reinterpret_cast<uint32_t*>(wp) + (p * rows + k0 / 2) * NR + c * W;
           for (int j = 0; j < PF && k0 + j < K; j += 2, dst += NR)
-            store_pair(dst, fmul(decode(v, j * BITS, mask, z), sc),
-                       k0 + j + 1 < K ? fmul(decode(v, (j + 1) * BITS, mask, z), sc) : fzero());
+            store_pair(dst, vmul(decode(v, j * BITS, mask, z), sc),
+                       k0 + j + 1 < K ? vmul(decode(v, (j + 1) * BITS, mask, z), sc) : vset1(0.f));
         } else {
           for (int j = 0; j < PF && k0 + j < K; ++j)
             store_row(wp + (p * K + k0 + j) * NR + c * W,
-                      fmul(decode(v, j * BITS, mask, z), sc), W);
+                      vmul(decode(v, j * BITS, mask, z), sc), W);
         }
       }
     }
-}
-
-void dequant_panels(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
-                    const float* scales, const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
-  if (dt == DType::kFloat32) {
-    auto* w = static_cast<float*>(wp);
-    if (bits == 4) dequant_panels_t<4>(w, 1, packed, scales, zeros, N, K, G);
-    else dequant_panels_t<8>(w, 1, packed, scales, zeros, N, K, G);
-  } else {
-    auto* w = static_cast<uint16_t*>(wp);
-    if (bits == 4) dequant_panels_t<4>(w, k_pack, packed, scales, zeros, N, K, G);
-    else dequant_panels_t<8>(w, k_pack, packed, scales, zeros, N, K, G);
-  }
-}
-
-void linear(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
-            const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
-            int64_t G, int64_t ldx, int64_t ldo) {
-  if (dt == DType::kFloat32) {
-    auto* o = static_cast<float*>(out);
-    auto* xi = static_cast<const float*>(x);
-    if (bits == 4) linear_t<4, float, FloatA<4, float>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-    else linear_t<8, float, FloatA<8, float>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-  } else {
-    auto* o = static_cast<uint16_t*>(out);
-    auto* xi = static_cast<const uint16_t*>(x);
-#ifdef __AVX512BF16__
-    if (M >= PAIRS_MIN_M) {
-      if (bits == 4) linear_t<4, uint16_t, PairA<4>>(
-          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-      else linear_t<8, uint16_t, PairA<8>>(
-          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-      return;
-    }
-#endif
-    if (bits == 4) linear_t<4, uint16_t, FloatA<4, uint16_t>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-    else linear_t<8, uint16_t, FloatA<8, uint16_t>>(
-        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
-  }
-}
-
-void dequant(DType dt, int bits, void* wt, const uint32_t* packed, const float* scales,
-             const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
-  if (dt == DType::kFloat32) {
-    auto* w = static_cast<float*>(wt);
-    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
-    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
-  } else {
-    auto* w = static_cast<uint16_t*>(wt);
-    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
-    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
-  }
 }
 
 #if defined(__AVX512BF16__) && defined(ENGINE_HAS_AMX)
@@ -519,34 +403,38 @@ __attribute__((target("amx-tile,amx-bf16"))) bool linear_amx_t(
   const int64_t panels = (N + NR - 1) / NR, pgroups = (panels + NP - 1) / NP;
   const int64_t tiles = (M + 15) / 16;
   uint16_t* xa = static_cast<uint16_t*>(scratch(0, sizeof(uint16_t) * M * kp));
+  if (xa == nullptr) return false;  // the caller runs the vector kernel, which reports it
 #pragma omp parallel for schedule(static) if (M * K >= (int64_t{1} << 16))
   for (int64_t m = 0; m < M; ++m) {  // x with its rows zero-padded to whole tiles
     memcpy(xa + m * kp, x + m * ldx, sizeof(uint16_t) * K);
     memset(xa + m * kp + K, 0, sizeof(uint16_t) * (kp - K));
   }
-  const VI mask = iset1((1 << BITS) - 1);
+  const VecI mask = iset1((1 << BITS) - 1);
+  int64_t failed = 0;
 #pragma omp parallel
   {
     uint16_t* wb = static_cast<uint16_t*>(scratch(1, sizeof(uint16_t) * NP * chunks * 512));
+    if (wb == nullptr) note_failed(failed, 1);
     alignas(64) float c[16 * NP * NR];
     int configured = 0;
 #pragma omp for schedule(static)
     for (int64_t pg = 0; pg < pgroups; ++pg) {
+      if (wb == nullptr) continue;
       const int np = static_cast<int>(panels - NP * pg < NP ? panels - NP * pg : NP);
       for (int q = 0; q < np; ++q) {  // dequantise: rows of k pairs, a lane a column
         const int64_t p = NP * pg + q;
         for (int64_t ch = 0; ch < chunks; ++ch) {
           const int64_t g = ch * 32 / G;
-          const VI z = izeros(zeros + (p * groups + g) * NR);
-          const VF sc = fload(scales + (p * groups + g) * NR);
+          const VecI z = izeros(zeros + (p * groups + g) * NR);
+          const VecF sc = vload(scales + (p * groups + g) * NR);
           uint32_t* rows = reinterpret_cast<uint32_t*>(wb + (q * chunks + ch) * 512);
           for (int st = 0; st < SPT; ++st) {
-            const VI v = iload(packed + (p * steps + ch * SPT + st) * NR);
+            const VecI v = iload(packed + (p * steps + ch * SPT + st) * NR);
             for (int j = 0; j < PF; j += 2) {
-              const VF w0 = fmul(decode(v, j * BITS, mask, z), sc);
-              const VF w1 = fmul(decode(v, (j + 1) * BITS, mask, z), sc);
-              const VI lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(w0));
-              const VI hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(w1));
+              const VecF w0 = vmul(decode(v, j * BITS, mask, z), sc);
+              const VecF w1 = vmul(decode(v, (j + 1) * BITS, mask, z), sc);
+              const VecI lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(w0));
+              const VecI hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(w1));
               _mm512_store_si512(rows + ((st * PF + j) / 2) * NR,
                                  _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
             }
@@ -556,7 +444,7 @@ __attribute__((target("amx-tile,amx-bf16"))) bool linear_amx_t(
       const int64_t n0 = NP * pg * NR, cols = N - n0 < np * NR ? N - n0 : np * NR;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m0 = 16 * t;
-        const int mr = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
+        const int mr = tile_rows(M, m0, 16);
         if (mr != configured) {  // 0-3 sums (mr x 16 fp32), 4 x (mr x 32), 5, 6 weights
           AmxConfig cfg{};
           cfg.palette = 1;
@@ -594,16 +482,79 @@ __attribute__((target("amx-tile,amx-bf16"))) bool linear_amx_t(
           uint16_t* o = out + (m0 + r) * ldo + n0;
           const float* cr = c + r * NP * NR;
           int64_t j = 0;
-          for (; j + NR <= cols; j += NR) store_bf16(o + j, fload(cr + j));
+          for (; j + NR <= cols; j += NR) store_bf16(o + j, vload(cr + j));
           for (; j < cols; ++j) o[j] = float_to_bf16(cr[j]);
         }
       }
     }
     if (configured) _tile_release();
   }
-  return true;
+  // a thread without scratch skipped its panels: the vector kernel writes them all again
+  return failed == 0;
 }
 
+#endif  // AMX-BF16
+
+}  // namespace
+
+// The entry points (wna16.h), one set a compiled ISA.
+namespace ENGINE_CAT(wna16_, ENGINE_ISA) {
+
+void dequant_panels(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
+                    const float* scales, const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
+  if (dt == DType::kFloat32) {
+    auto* w = static_cast<float*>(wp);
+    if (bits == 4) dequant_panels_t<4>(w, 1, packed, scales, zeros, N, K, G);
+    else dequant_panels_t<8>(w, 1, packed, scales, zeros, N, K, G);
+  } else {
+    auto* w = static_cast<uint16_t*>(wp);
+    if (bits == 4) dequant_panels_t<4>(w, k_pack, packed, scales, zeros, N, K, G);
+    else dequant_panels_t<8>(w, k_pack, packed, scales, zeros, N, K, G);
+  }
+}
+
+int64_t linear(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
+               const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
+               int64_t G, int64_t ldx, int64_t ldo) {
+  if (dt == DType::kFloat32) {
+    auto* o = static_cast<float*>(out);
+    auto* xi = static_cast<const float*>(x);
+    if (bits == 4) return linear_t<4, float, FloatA<4, float>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    return linear_t<8, float, FloatA<8, float>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+  } else {
+    auto* o = static_cast<uint16_t*>(out);
+    auto* xi = static_cast<const uint16_t*>(x);
+#ifdef __AVX512BF16__
+    if (M >= PAIRS_MIN_M) {
+      if (bits == 4) return linear_t<4, uint16_t, PairA<4>>(
+          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+      return linear_t<8, uint16_t, PairA<8>>(
+          o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    }
+#endif
+    if (bits == 4) return linear_t<4, uint16_t, FloatA<4, uint16_t>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+    return linear_t<8, uint16_t, FloatA<8, uint16_t>>(
+        o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
+  }
+}
+
+void dequant(DType dt, int bits, void* wt, const uint32_t* packed, const float* scales,
+             const uint8_t* zeros, int64_t N, int64_t K, int64_t G) {
+  if (dt == DType::kFloat32) {
+    auto* w = static_cast<float*>(wt);
+    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
+    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
+  } else {
+    auto* w = static_cast<uint16_t*>(wt);
+    if (bits == 4) dequant_t<4>(w, packed, scales, zeros, N, K, G);
+    else dequant_t<8>(w, packed, scales, zeros, N, K, G);
+  }
+}
+
+#if defined(__AVX512BF16__) && defined(ENGINE_HAS_AMX)
 bool linear_amx(DType dt, int bits, void* out, const void* x, const uint32_t* packed,
                 const float* scales, const uint8_t* zeros, int64_t M, int64_t N, int64_t K,
                 int64_t G, int64_t ldx, int64_t ldo) {
@@ -613,16 +564,7 @@ bool linear_amx(DType dt, int bits, void* out, const void* x, const uint32_t* pa
   return bits == 4 ? linear_amx_t<4>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo)
                    : linear_amx_t<8>(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
 }
-#define ENGINE_WNA16_AMX linear_amx
-#else
-#define ENGINE_WNA16_AMX nullptr
 #endif
 
-const WNA16Table table = {ENGINE_STR(ENGINE_ISA), linear, dequant, ENGINE_WNA16_AMX,
-                         dequant_panels};
-
-}  // namespace
-
-const WNA16Table* ENGINE_CAT(wna16_, ENGINE_ISA)() { return &table; }
-
-}  // namespace engine_cpu
+}  // namespace ENGINE_CAT(wna16_, ENGINE_ISA)
+}  // namespace engine::cpu

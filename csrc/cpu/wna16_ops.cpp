@@ -1,33 +1,18 @@
 // Torch-facing weight-only quantized linear ops (W4A16, W8A16): check every
-// argument, then call the wna16 kernels of the x86 code path in use (isa.cpp
-// picks it; wna16_impl.cpp holds one table per ISA). Elsewhere there is no
+// argument, then call the wna16 kernels of the kernel table in use (isa.cpp
+// picks it; wna16_impl.cpp defines them once per x86 ISA). Elsewhere there is no
 // kernel and engine.ops runs engine.reference's.
 #include <c10/util/Exception.h>
 
-#include <string>
 
 #include "../op_checks.h"
 #include "../ops.h"
-#include "wna16.h"
+#include "dispatch.h"
 #include "wna16_ops.h"
 
 namespace engine {
 namespace cpu {
 namespace {
-
-const engine_cpu::WNA16Table* wna16_table() {
-  const std::string name = isa();
-#ifdef ENGINE_HAS_AVX512_BF16
-  if (name == "avx512_bf16") return engine_cpu::wna16_avx512_bf16();
-#endif
-#ifdef ENGINE_HAS_AVX512
-  if (name == "avx512") return engine_cpu::wna16_avx512();
-#endif
-#ifdef ENGINE_HAS_AVX2
-  if (name == "avx2") return engine_cpu::wna16_avx2();
-#endif
-  return nullptr;
-}
 
 struct Packed {
   int64_t N, K, groups;
@@ -37,7 +22,6 @@ struct Packed {
 // float32, zeros [.., groups, 16] uint8, for N columns and K inputs.
 void check_packed(const char* op, const at::Tensor& packed, const at::Tensor& scales,
                   const at::Tensor& zeros, int64_t bits, int64_t group_size, int64_t N, int64_t K) {
-  using engine_cpu::kPanel;
   TORCH_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
   const int64_t pf = 32 / bits;
   TORCH_CHECK_VALUE(group_size > 0 && group_size % pf == 0, op, ": group_size must be a positive "
@@ -59,20 +43,20 @@ void check_packed(const char* op, const at::Tensor& packed, const at::Tensor& sc
                     zeros.sizes());
 }
 
-const engine_cpu::WNA16Table& table_or_fail(const char* op) {
-  const engine_cpu::WNA16Table* t = wna16_table();
-  TORCH_CHECK(t != nullptr, op, ": the ", isa(), " kernels have none; engine.ops runs "
-              "engine.reference's there");
-  return *t;
+const KernelTable& table_or_fail(const char* op) {
+  const KernelTable& t = kernels();
+  TORCH_CHECK(t.wna16_linear != nullptr, op, ": the ", t.isa, " kernels have none; engine.ops "
+              "runs engine.reference's there");
+  return t;
 }
 
-engine_cpu::DType kdt(at::ScalarType t) {
-  return t == at::kFloat ? engine_cpu::DType::kFloat32 : engine_cpu::DType::kBFloat16;
+DType kdt(at::ScalarType t) {
+  return t == at::kFloat ? DType::kFloat32 : DType::kBFloat16;
 }
 
 }  // namespace
 
-bool has_wna16_linear() { return wna16_table() != nullptr; }
+bool has_wna16_linear() { return kernels().wna16_linear != nullptr; }
 
 void wna16_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
                   const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
@@ -92,16 +76,18 @@ void wna16_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pa
   if (M == 0 || N == 0) return;
   // From 16 rows AMX tiles, where they run (2-core Xeon, 4-bit, K x N 2048 x 6144 and
   // 5456 x 2048: 8 rows 0.75-0.9x the vector kernel, 16 rows 1.4-1.7x, 64 3.3-3.9x)
-  if (M >= 16 && t.linear_amx != nullptr && amx_enabled() &&
-      t.linear_amx(kdt(dt), static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
+  if (M >= 16 && t.wna16_linear_amx != nullptr && amx_enabled() &&
+      t.wna16_linear_amx(kdt(dt), static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
                    reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
                    scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), M, N, K,
                    group_size, input.stride(0), out.stride(0)))
     return;
-  t.linear(kdt(dt), static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
-           reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
-           scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), M, N, K, group_size,
-           input.stride(0), out.stride(0));
+  check_scratch(
+      t.wna16_linear(kdt(dt), static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
+                     reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+                     scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), M, N, K,
+                     group_size, input.stride(0), out.stride(0)),
+      op);
 }
 
 void wna16_dequant(at::Tensor& out, const at::Tensor& packed_weight, const at::Tensor& scales,
@@ -114,16 +100,16 @@ void wna16_dequant(at::Tensor& out, const at::Tensor& packed_weight, const at::T
   check_packed(op, packed_weight, scales, zeros, bits, group_size, N, K);
   const auto& t = table_or_fail(op);
   if (K == 0 || N == 0) return;
-  t.dequant(kdt(dt), static_cast<int>(bits), out.data_ptr(),
-            reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
-            scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), N, K, group_size);
+  t.wna16_dequant(kdt(dt), static_cast<int>(bits), out.data_ptr(),
+                  reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+                  scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), N, K,
+                  group_size);
 }
 
 void wna16_dequant_panels(at::Tensor& out, const at::Tensor& packed_weight,
                           const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
                           int64_t group_size, int64_t n, int64_t k) {
   const char* op = "wna16_dequant_panels";
-  using engine_cpu::kPanel;
   auto dt = checks::dtype_of(out, at::kCPU, op, "out");
   TORCH_CHECK_VALUE(out.dim() == 3 && out.is_contiguous() && n > 0 && k > 0, op,
                     ": out must be contiguous [ceil(n/16), rows, 16 * k_pack], got shape ",
@@ -136,10 +122,10 @@ void wna16_dequant_panels(at::Tensor& out, const at::Tensor& packed_weight,
                     " / k_pack), 16 * k_pack] (k_pack 2: bfloat16 only), got ", out.sizes());
   check_packed(op, packed_weight, scales, zeros, bits, group_size, n, k);
   const auto& t = table_or_fail(op);
-  t.dequant_panels(kdt(dt), static_cast<int>(bits), static_cast<int>(k_pack), out.data_ptr(),
-                   reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
-                   scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), n, k,
-                   group_size);
+  t.wna16_dequant_panels(
+      kdt(dt), static_cast<int>(bits), static_cast<int>(k_pack), out.data_ptr(),
+      reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+      scales.const_data_ptr<float>(), zeros.const_data_ptr<uint8_t>(), n, k, group_size);
 }
 
 }  // namespace cpu

@@ -21,8 +21,8 @@
 #include "cpu/arm/kernels_arm.h"
 #endif
 
-using engine_cpu::DType;
-using engine_cpu::KernelTable;
+using engine::cpu::DType;
+using engine::cpu::KernelTable;
 
 namespace {
 
@@ -272,16 +272,16 @@ int main(int argc, char** argv) {
   struct Entry { const char* name; const KernelTable* (*get)(); bool usable; };
   std::vector<Entry> tables;
 #if defined(ENGINE_HAS_NEON)
-  tables.push_back({"neon", engine_cpu::kernels_neon, true});
+  tables.push_back({"neon", engine::cpu::kernels_neon, true});
 #endif
 #if defined(ENGINE_HAS_NEON_BF16)
 #ifndef HWCAP2_BF16
 #define HWCAP2_BF16 (1 << 14)
 #endif
-  tables.push_back({"neon_bf16", engine_cpu::kernels_neon_bf16, (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0});
+  tables.push_back({"neon_bf16", engine::cpu::kernels_neon_bf16, (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0});
 #endif
 #if defined(ENGINE_HAS_GENERIC)
-  tables.push_back({"generic", engine_cpu::kernels_generic, true});
+  tables.push_back({"generic", engine::cpu::kernels_generic, true});
 #endif
   int ran = 0;
   for (const Entry& e : tables) {

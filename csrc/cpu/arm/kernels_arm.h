@@ -4,7 +4,7 @@
 
 #include "../kernels.h"
 
-namespace engine_cpu {
+namespace engine::cpu {
 const KernelTable* kernels_neon();
 const KernelTable* kernels_neon_bf16();
-}  // namespace engine_cpu
+}  // namespace engine::cpu

@@ -1,0 +1,58 @@
+// silu_and_mul, and reshape_and_cache (a copy into the paged cache): portable
+// `omp simd` loops, which vectorize well for every ISA.
+#pragma once
+
+#include <stdint.h>
+
+#include "scalar.h"
+
+namespace engine::cpu {
+namespace {
+
+
+template <typename T>
+void silu_and_mul_t(T* out, const T* in, int64_t rows, int64_t d,
+                    int64_t in_stride, int64_t out_stride) {
+#pragma omp parallel for schedule(static) if (worth_threads(rows * d))
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* a = in + r * in_stride;
+    const T* b = a + d;
+    T* y = out + r * out_stride;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) {
+      y[i] = Elem<T>::store(silu(Elem<T>::load(a[i])) * Elem<T>::load(b[i]));
+    }
+  }
+}
+
+
+// ---- reshape_and_cache ------------------------------------------------------
+
+
+template <typename U>  // U: an unsigned integer of the element's size
+void reshape_and_cache_t(const U* key, const U* value, U* key_cache,
+                         U* value_cache, const int64_t* slots, int64_t tokens,
+                         int64_t kv_heads, int64_t head_size,
+                         int64_t block_size, int64_t kts, int64_t khs,
+                         int64_t vts, int64_t vhs) {
+#pragma omp parallel for schedule(static) if (worth_threads(tokens * kv_heads * head_size))
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t block = slot / block_size;
+    const int64_t offset = slot % block_size;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t dst = ((block * kv_heads + h) * block_size + offset) * head_size;
+      const U* ks = key + t * kts + h * khs;
+      const U* vs = value + t * vts + h * vhs;
+#pragma omp simd
+      for (int64_t i = 0; i < head_size; ++i) {
+        key_cache[dst + i] = ks[i];
+        value_cache[dst + i] = vs[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace engine::cpu

@@ -10,6 +10,7 @@ preempted or resumed request reorders them once (kept rows are moved with one
 gather, new ones filled from their block tables)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -25,6 +26,9 @@ class BatchedSequence(Protocol):
 
 
 class InputBatch:
+    block_table: torch.Tensor  # [rows, width] int32
+    num_blocks: np.ndarray  # [rows]: blocks written into each row
+
     def __init__(self, block_size: int, device: torch.device, rows: int = 8, width: int = 16):
         self.block_size, self.device = block_size, device
         self.req_ids: list[str] = []
@@ -32,22 +36,23 @@ class InputBatch:
         # running sequence's table and gives a freed (preempted, finished) one a new
         # list, so the same object means the row's blocks so far are still its blocks
         self._tables: list[list[int]] = []
+        self.block_table = torch.zeros(0, 0, dtype=torch.int32)
+        self.num_blocks = np.zeros(0, dtype=np.int64)
         self._alloc(rows, width)
 
     def _alloc(self, rows: int, width: int) -> None:
         """(Re)sized buffers, the rows and blocks held so far kept."""
         table = torch.zeros(rows, width, dtype=torch.int32)
         num_blocks = np.zeros(rows, dtype=np.int64)
-        if hasattr(self, "block_table"):
-            r, w = self.block_table.shape
-            table[:r, :w] = self.block_table
-            num_blocks[:r] = self.num_blocks
+        r, w = self.block_table.shape
+        table[:r, :w] = self.block_table
+        num_blocks[:r] = self.num_blocks
         self.block_table, self.num_blocks = table, num_blocks
         self._table_np = table.numpy()  # a view: writes land in the tensor
         self.token_ids = np.zeros(rows, dtype=np.int64)  # each row's last token
         self.seq_lens = np.zeros(rows, dtype=np.int64)
 
-    def update(self, seqs: list[BatchedSequence]) -> None:
+    def update(self, seqs: Sequence[BatchedSequence]) -> None:
         """Rows 0..len(seqs)-1 become this step's sequences: their block tables
         (blocks they gained appended), last tokens and lengths."""
         n = len(seqs)
@@ -69,7 +74,7 @@ class InputBatch:
             self.token_ids[i] = s.token_ids[-1]
             self.seq_lens[i] = len(s.token_ids)
 
-    def _reorder(self, seqs: list[BatchedSequence]) -> None:
+    def _reorder(self, seqs: Sequence[BatchedSequence]) -> None:
         old = {r: j for j, (r, t) in enumerate(zip(self.req_ids, self._tables))}
         src, dst = [], []
         for i, s in enumerate(seqs):

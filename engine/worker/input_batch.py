@@ -94,18 +94,21 @@ class InputBatch:
     def decode_inputs(self, n: int) -> tuple[torch.Tensor, ...]:
         """A decode step's (ids, positions, slot mapping, block tables, seq lens)
         of rows 0..n-1 (each decodes its last token): fresh tensors, as a
-        tensor-parallel driver sends them to its ranks."""
-        ids = torch.from_numpy(self.token_ids[:n].copy())
-        seq_lens = torch.from_numpy(self.seq_lens[:n].copy())
+        tensor-parallel driver sends them to its ranks. Computed in numpy: on
+        arrays this small a torch op costs several times a numpy one."""
+        seq_lens = self.seq_lens[:n]
         positions = seq_lens - 1
-        tables = self.block_tables(n)
+        tables = self._table_np[:n, :int(self.num_blocks[:n].max())]
         bs = self.block_size
-        block = tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1).to(torch.int64)
-        slots = block * bs + positions % bs
-        return (ids.to(self.device), positions.to(self.device), slots.to(self.device), tables,
-                seq_lens.to(torch.int32).to(self.device))
+        slots = tables[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
+        return tuple(self._to_device(torch.from_numpy(a)) for a in (
+            self.token_ids[:n].copy(), positions, slots, tables.copy(),
+            seq_lens.astype(np.int32)))
 
     def block_tables(self, n: int) -> torch.Tensor:
         """Rows 0..n-1 as wide as the longest (zeros past a row's blocks)."""
         width = int(self.num_blocks[:n].max()) if n else 0
-        return self.block_table[:n, :width].clone().to(self.device)
+        return self._to_device(self.block_table[:n, :width].clone())
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device.type == "cpu" else t.to(self.device)

@@ -25,11 +25,6 @@ def sample(logits: torch.Tensor, seqs: list, eos_token_ids=(),
     generator(device), logprobs); grammar_bitmask: a row of packed bits per
     sequence (structured outputs), whose zero bits no token may be drawn from."""
     params: list[SamplingParams] = [s.params for s in seqs]
-    if grammar_bitmask is None and all(p.greedy and not p.needs_processing
-                                       and p.logprobs is None for p in params):
-        # a plain greedy batch: the argmax of the logits as they are (a float copy of
-        # every row first picks the same ids: the conversion is exact)
-        return torch.argmax(logits, dim=-1).tolist()
     logits = logits.float()
     if grammar_bitmask is not None:  # first, as upstream: logprobs see the mask too
         logits = apply_grammar_bitmask(logits, grammar_bitmask)

@@ -17,6 +17,7 @@ from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig
+from engine.worker.input_batch import InputBatch
 from engine.worker.model_runner import ModelRunner, prepare_inputs, sample_step
 
 logger = logging.getLogger("engine")
@@ -78,6 +79,7 @@ class RayExecutor:
 
         world = config.world_size
         self.blocks = blocks
+        self.input_batch = InputBatch(blocks.block_size, torch.device("cpu"))
         self.dead: str | None = None
         self.eos_token_ids = config.model.eos_token_ids
         ray.init(address=envs.ray_address(), ignore_reinit_error=True, log_to_driver=False)
@@ -124,7 +126,8 @@ class RayExecutor:
     def execute_model(self, seqs: list[Sequence], is_prefill: bool,
                       bitmask=None) -> list[int]:
         self.check_health()
-        inputs = prepare_inputs(self.blocks, torch.device("cpu"), seqs, is_prefill)
+        inputs = prepare_inputs(self.blocks, torch.device("cpu"), seqs, is_prefill,
+                                self.input_batch)
         logits = self._get([a.execute.remote(inputs) for a in self.actors])[0]
         return sample_step(logits, seqs, self.eos_token_ids, bitmask)
 

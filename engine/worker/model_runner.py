@@ -21,6 +21,7 @@ from engine.model_executor.layers.sampler import sample
 from engine.model_executor.models.llama import LlamaForCausalLM
 from engine.platforms import cpu_hugepages
 from engine.spec_decode.rejection_sampler import verify
+from engine.worker.input_batch import InputBatch
 
 logger = logging.getLogger("engine")
 
@@ -46,6 +47,7 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, blocks: BlockManager, dtype: torch.dtype,
                  device: torch.device):
         self.model, self.blocks, self.device, self.dtype = model, blocks, device, dtype
+        self.input_batch = InputBatch(blocks.block_size, device)
         c = model.config
         # this rank's KV heads (all of them with one rank)
         kv_heads = model.attention_layers()[0].num_kv_heads if c.num_layers else c.num_kv_heads
@@ -83,7 +85,7 @@ class ModelRunner:
         return sample_step(logits, seqs, self.model.config.eos_token_ids, bitmask)
 
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
-        x = prepare_inputs(self.blocks, self.device, seqs, is_prefill)
+        x = prepare_inputs(self.blocks, self.device, seqs, is_prefill, self.input_batch)
         if self.lora_manager is not None:
             counts = [b - a for a, b in zip(x.cu_seqlens, x.cu_seqlens[1:])] \
                 if x.cu_seqlens is not None else [1] * len(seqs)
@@ -198,48 +200,42 @@ def record_prompt_logprobs(logits: torch.Tensor, seq: Sequence, positions: range
 
 
 def prepare_inputs(blocks: BlockManager, device: torch.device, seqs: list[Sequence],
-                   is_prefill: bool) -> StepInputs:
-    """The batch's model inputs: what every tensor-parallel rank runs.
+                   is_prefill: bool, batch: InputBatch) -> StepInputs:
+    """The batch's model inputs: what every tensor-parallel rank runs. `batch`
+    (the driver's persistent input batch) holds the block tables between steps
+    and gives a decode step all of its inputs.
 
     A prefill step runs each sequence's scheduled tokens (a chunk of a prompt
     past its cached prefix, or a decode's one token) with paged prefill
     attention: its queries sit at the last positions of its seq_lens tokens."""
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
+    batch.update(seqs)
+    kv_copies = [s.kv_copy for s in seqs if s.kv_copy]
+    if not is_prefill:
+        ids, positions, slots, tables, seq_lens = batch.decode_inputs(len(seqs))
+        return StepInputs(False, ids, positions, slots, torch.arange(len(seqs), device=device),
+                          None, tables, seq_lens, None, kv_copies)
+    ids_l: list[int] = []
+    positions_l: list[int] = []
+    slots_l: list[int] = []
     last: list[int] = []
-    cu = query_start_loc = None
-    if is_prefill:
-        cu = [0]
-        for s in seqs:  # a preempted sequence is recomputed from its first uncached token
-            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-            ids += s.token_ids[start:end] + s.spec_token_ids  # drafts follow its last token
-            positions += range(start, end)
-            slots += [blocks.slot(s, p) for p in range(start, end)]
-            cu.append(cu[-1] + end - start)
-            # prompt logprobs: the logits of those positions too, before the sampling one
-            last += [cu[-2] + p - start for p in s.prompt_logprob_positions]
-            if s.samples:  # with drafts: the last token's and each draft's logits
-                last += range(cu[-1] - 1 - len(s.spec_token_ids), cu[-1])
-        query_start_loc = _tensor(device, cu, torch.int32)
-        seq_lens = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
-    else:
-        for i, s in enumerate(seqs):
-            p = len(s) - 1
-            ids.append(s.token_ids[-1])
-            positions.append(p)
-            slots.append(blocks.slot(s, p))
-            last.append(i)
-        seq_lens = [len(s) for s in seqs]
+    cu = [0]
+    for s in seqs:  # a preempted sequence is recomputed from its first uncached token
+        start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+        ids_l += s.token_ids[start:end] + s.spec_token_ids  # drafts follow its last token
+        positions_l += range(start, end)
+        slots_l += [blocks.slot(s, p) for p in range(start, end)]
+        cu.append(cu[-1] + end - start)
+        # prompt logprobs: the logits of those positions too, before the sampling one
+        last += [cu[-2] + p - start for p in s.prompt_logprob_positions]
+        if s.samples:  # with drafts: the last token's and each draft's logits
+            last += range(cu[-1] - 1 - len(s.spec_token_ids), cu[-1])
+    seq_lens_l = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
     # prefill reads the paged cache too (paged_prefill_attention)
-    width = max(len(s.block_table) for s in seqs)
-    tables = _tensor(device, [s.block_table + [0] * (width - len(s.block_table))
-                              for s in seqs], torch.int32)
-    return StepInputs(is_prefill, _tensor(device, ids, torch.int64),
-                      _tensor(device, positions, torch.int64), _tensor(device, slots, torch.int64),
-                      _tensor(device, last, torch.int64), cu, tables,
-                      _tensor(device, seq_lens, torch.int32), query_start_loc,
-                      [s.kv_copy for s in seqs if s.kv_copy])
+    return StepInputs(True, _tensor(device, ids_l, torch.int64),
+                      _tensor(device, positions_l, torch.int64),
+                      _tensor(device, slots_l, torch.int64), _tensor(device, last, torch.int64),
+                      cu, batch.block_tables(len(seqs)), _tensor(device, seq_lens_l, torch.int32),
+                      _tensor(device, cu, torch.int32), kv_copies)
 
 
 def _tensor(device: torch.device, data, dtype) -> torch.Tensor:

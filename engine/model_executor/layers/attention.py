@@ -54,6 +54,11 @@ class Attention(nn.Module):
             ops.paged_prefill_attention(out, q.contiguous(), self.k_cache, self.v_cache,
                                         ctx.block_tables, ctx.query_start_loc, ctx.seq_lens,
                                         self.scale, window)
+        elif self.sliding_window is None and self.softcap is None:
+            # the plain decode: nothing to look up per layer (a step's lengths read
+            # back here cost each of a deep model's layers a max and a sync)
+            ops.paged_attention(out, q.contiguous(), self.k_cache, self.v_cache,
+                                ctx.block_tables, ctx.seq_lens, self.scale)
         elif (self.softcap is None and self.sliding_window is not None
               and self._in_torch(int(ctx.seq_lens.max()))):
             # a window alone: the prefill kernel takes it, one query a sequence

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.lora.layers import LoRAMapping
+    from engine.lora.mapping import LoRAMapping
 
 
 @dataclass

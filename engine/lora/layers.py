@@ -8,28 +8,17 @@ four or five matmuls a layer whatever the mix of adapters, never a pass per
 adapter. A step of one adapter uses its slot's A and B alone."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from engine.forward_context import get_context
+from engine.lora.mapping import LoRAMapping
 
 # A LoRA term of fewer multiply-adds than this runs on one thread: its matmuls
 # are tiny (a decode step's: 16 tokens x 192 ranks x 512 inputs, ~50 us), and a
 # parallel region's wake-up and barrier cost more than they do; on cores other
 # work keeps busy, far more (2 threads: 70 ms a region, measured, against 0.5 ms).
 SERIAL_MACS = 1 << 23
-
-
-@dataclass
-class LoRAMapping:
-    """One step's tokens by adapter slot, set on the forward context by the
-    model runner: `slot`, when every token is of that one slot; else `mask`,
-    [tokens, max_loras] with a 1 at each token's slot (a base token's row is 0)."""
-
-    slot: int | None
-    mask: torch.Tensor | None = None
 
 
 class LinearWithLoRA(nn.Module):

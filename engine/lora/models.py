@@ -14,7 +14,8 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.lora.config import LoRAConfig
-from engine.lora.layers import LinearWithLoRA, LoRAMapping
+from engine.lora.layers import LinearWithLoRA
+from engine.lora.mapping import LoRAMapping
 from engine.lora.peft_helper import LoRAWeights, layer_slices, load_adapter
 from engine.lora.request import LoRARequest
 

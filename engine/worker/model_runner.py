@@ -15,7 +15,7 @@ from engine.core.sequence import Sequence
 from engine.distributed.communication_op import recv_tensors, send_tensors
 from engine.distributed.parallel_state import pp_rank, pp_size, tp_rank, tp_size
 from engine.forward_context import ForwardContext, set_context
-from engine.lora.layers import LoRAMapping
+from engine.lora.mapping import LoRAMapping
 from engine.lora.models import LoRAModelManager
 from engine.model_executor.layers.sampler import sample
 from engine.model_executor.models.llama import LlamaForCausalLM

@@ -46,7 +46,7 @@ def _app(api_key=None):
                                 dead=None, pooling_tasks=())
     state = types.SimpleNamespace(api_key=api_key, llm=llm, metrics=Metrics("m"),
                                   model_names=["m"], max_body_bytes=None,
-                                  options=ServeOptions())
+                                  options=ServeOptions(), lora=None)
     return TestClient(build_app(state))
 
 

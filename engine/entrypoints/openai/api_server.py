@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import envs
 from engine.entrypoints.openai.http_metrics import HttpMetrics
+from engine.entrypoints.openai.lora_routes import add_lora_routes
 from engine.entrypoints.openai.openapi_errors import PROBE_RESPONSES, document_errors
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from engine.entrypoints.openai.request_id import RequestIdHeader
@@ -27,7 +28,6 @@ from engine.entrypoints.openai.serving_engine import (
     json_body,
     serve_options,
 )
-from engine.entrypoints.openai.serving_models import add_lora_routes
 from engine.entrypoints.openai.serving_pooling import (
     ClassificationRequest,
     EmbeddingRequest,

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -283,6 +284,16 @@ def run_engine_core(model: str, dtype: str, engine_args: dict, addresses: CoreAd
 
 
 def _exit_on_signal(signum, frame) -> None:
+    # Python runs a handler wherever the main thread is, finalizers included:
+    # raised inside one (zmq's Socket.__del__, once in a test), SystemExit is
+    # "ignored" with a traceback on stderr and the core runs on. There, the
+    # signal is sent again a moment later, once the finalizer has returned.
+    f = frame
+    while f is not None:
+        if f.f_code.co_name == "__del__":
+            threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+            return
+        f = f.f_back
     raise SystemExit(0)
 
 

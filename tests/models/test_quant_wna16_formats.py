@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from helpers import make_checkpoint
 from safetensors.torch import load_file, save_file
-from test_quantization import PROMPTS, engine_greedy
+from test_quantization import PROMPTS, engine_greedy, model_greedy
 
 from engine.model_executor.layers.quantization import config_for, wna16_formats
 
@@ -207,13 +207,7 @@ def fake_quant_greedy(src, fake: dict, prompts, n: int) -> list[list[int]]:
     model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     for key, w in fake.items():
         model.get_submodule(key[:-len(".weight")]).weight.data.copy_(w)
-    outs = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-        outs.append(out[0, ids.shape[1]:].tolist())
-    return outs
+    return model_greedy(model, prompts, n)
 
 
 @pytest.mark.slow

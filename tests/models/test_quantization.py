@@ -87,6 +87,11 @@ def fake_quant_greedy(ckpts, name: str, prompts, n: int) -> list[list[int]]:
                 parent, attr = layer.rsplit(".", 1)
                 model.get_submodule(parent).__setattr__(attr, FakeQuantLinear(
                     f.get_tensor(layer + ".weight"), f.get_tensor(key)))
+    return model_greedy(model, prompts, n)
+
+
+def model_greedy(model, prompts, n: int) -> list[list[int]]:
+    """A transformers model's n greedy ids after each prompt (EOS ignored)."""
     outs = []
     for p in prompts:
         ids = torch.tensor([p])

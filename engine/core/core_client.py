@@ -193,6 +193,9 @@ class AsyncMPClient:
         return self.decoder.decode(frame.buffer)
 
     def shutdown(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the core (when this client owns it) and close the sockets; again: nothing."""
+        if self.ctx.closed:
+            return
         if not self.core.owns:  # the other API servers still use it
             self.ctx.destroy(linger=0)
             return

@@ -140,6 +140,7 @@ def test_a_history_of_calls_and_results_is_taken(server):
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "no tool named 'nope'"),
     ({"tool_choice": "sometimes"}, "tool_choice", "sometimes"),
+    ({"tool_choice": {"type": "function", "function": [None]}}, "tool_choice", '"name": ...'),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "leave response_format unset"),
     ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools", "tools.0"),

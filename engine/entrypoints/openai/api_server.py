@@ -13,6 +13,7 @@ from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import envs
+from engine.entrypoints.openai import openapi_limits
 from engine.entrypoints.openai.http_metrics import HttpMetrics
 from engine.entrypoints.openai.lora_routes import add_lora_routes
 from engine.entrypoints.openai.openapi_errors import PROBE_RESPONSES, document_errors
@@ -153,7 +154,14 @@ def build_app(state: ServerState, docs: bool = True,
         return await create_response(state, body, request)
 
     add_pooling_routes(app, state, v1_json)
-    document_errors(app)
+
+    def tailor(schema: dict) -> None:
+        schema["paths"] = openapi_limits.served_paths(
+            schema.get("paths", {}), state.llm.pooling_tasks or ("generate",))
+        openapi_limits.bound(schema, state.llm.model_config.vocab_size,
+                             state.options.max_logprobs, state.max_model_len)
+
+    document_errors(app, tailor)
     return app
 
 

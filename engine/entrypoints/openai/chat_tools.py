@@ -45,7 +45,8 @@ class ToolMode:
             choice = "auto" if tools else "none"
         self.named: str | None = None
         if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name")
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
             if choice.get("type") != "function" or not isinstance(name, str):
                 raise ToolError("tool_choice", 'tool_choice: "none", "auto", "required" or '
                                 '{"type": "function", "function": {"name": ...}}')

@@ -7,6 +7,7 @@ sent (RequestValidationError answers 400): it is dropped."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -35,7 +36,9 @@ PROBE_RESPONSES: dict = {200: {"description": "the engine is running (no body)",
                          503: _error("the engine core stopped")}
 
 
-def document_errors(app: FastAPI) -> None:
+def document_errors(app: FastAPI, tailor: Callable[[dict], None] | None = None) -> None:
+    """tailor: what the served model changes in the schema (openapi_limits)."""
+
     def openapi() -> dict:
         if app.openapi_schema is None:
             with warnings.catch_warnings():  # /ping's GET and POST share their operation id
@@ -53,6 +56,8 @@ def document_errors(app: FastAPI) -> None:
                     if method in ("post", "put", "patch") or path.startswith("/v1"):
                         for status, why in BODY_ERRORS.items():
                             responses.setdefault(str(status), _error(why))
+            if tailor is not None:
+                tailor(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictBool, StrictStr
+from pydantic.config import JsonDict
 
+from engine.entrypoints.openai.openapi_limits import CONTEXT, LOGPROBS, TOKEN_ID, TOKEN_ID_KEYS
 from engine.sampling_params import (
     INT64_MAX,
     INT64_MIN,
+    MAX_TEMPERATURE,
     SAMPLING_EPS,
     SamplingParams,
     with_model_defaults,
@@ -30,6 +33,28 @@ def _no_bool(value):
 Number = Annotated[float, BeforeValidator(_no_bool)]
 
 
+def _whole(value):
+    """JSON's integers: 3 and 3.0 (JSON Schema counts both), never true or "3"."""
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be an integer, not " + ("true or false" if isinstance(
+            value, bool) else "a string"))
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_whole)]
+# what SamplingParams._verify and the server check, said in the schema too (its
+# messages stay the checks' own): a body the schema allows is one the server takes
+TokenId = Annotated[Int, Field(json_schema_extra=TOKEN_ID)]
+Text = Annotated[StrictStr, Field(json_schema_extra={"minLength": 1})]  # non-empty
+
+
+# a field upstream has and this engine refuses unless unset
+REFUSED: JsonDict = {"anyOf": [{"type": "null"}],
+                     "description": "not supported by this engine: leave unset"}
+
+
 class StreamOptions(BaseModel):
     include_usage: StrictBool | None = True
     continuous_usage_stats: StrictBool | None = False
@@ -43,15 +68,29 @@ def _is_set(value, default) -> bool:
 REFUSED_COMMON: dict[str, object] = {"logits_processors": None, "logprob_token_ids": None}
 
 
+def when(field: str, value: JsonValue, then: JsonDict, required: bool = True) -> JsonDict:
+    """A JSON Schema rule: with `field` set to `value`, the properties `then`
+    hold (and are given, when `required`)."""
+    return {"if": {"properties": {field: value}, "required": [field]},
+            "then": {"properties": then, "required": list(then) if required else []}}
+
+
+# _Sampling.check's rules, for the schema
+SAMPLING_RULES: list[JsonValue] = [
+    when("stream_options", {"type": "object"}, {"stream": {"const": True}}),
+    when("stream", {"const": True}, {"prompt_logprobs": {"type": "null"}}, required=False)]
+
+
 class _VllmFields(BaseModel):
     """vLLM's own request fields (upstream's protocol.py), applied as there."""
 
-    best_of: StrictInt | None = Field(default=None, ge=1)  # >= n; as upstream V1: n answers
+    best_of: Int | None = Field(default=None, ge=1)  # >= n; as upstream V1: n answers
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
-    allowed_token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     bad_words: list[StrictStr] | None = None
-    truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=-1)  # -1: the context
+    truncate_prompt_tokens: Int | None = Field(  # -1: the context; 0 would leave nothing
+        default=None, ge=-1, json_schema_extra={"not": {"const": 0}, **CONTEXT})
     return_tokens_as_token_ids: StrictBool | None = None  # None: --return-tokens-as-token-ids
     return_token_ids: StrictBool | None = None
     request_id: StrictStr | None = None  # else the X-Request-Id header's, else a random one
@@ -64,33 +103,43 @@ class _VllmFields(BaseModel):
                 "skip_special_tokens": self.skip_special_tokens}
 
     def check_vllm(self, n: int) -> None:
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens: 0 would leave no prompt; give -1 (the "
+                             "model's context) or a count of at least 1")
         if self.best_of is not None and self.best_of < n:
             raise ValueError(f"best_of: must be >= n ({n}), got {self.best_of}")
 
 
 class _Sampling(_VllmFields):
-    model_config = ConfigDict(extra="allow")  # unknown fields are ignored (refused ones named)
+    model_config = ConfigDict(extra="allow",  # unknown fields are ignored (refused ones named)
+                              json_schema_extra={"allOf": SAMPLING_RULES})
 
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: Number | None = None
-    top_p: Number | None = None
-    top_k: StrictInt | None = None
-    min_p: Number | None = None
-    seed: StrictInt | None = Seed
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    max_tokens: Int | None = Field(default=None, ge=1, json_schema_extra=CONTEXT)
+    temperature: Number | None = Field(
+        default=None, json_schema_extra={"minimum": 0, "maximum": MAX_TEMPERATURE})
+    top_p: Number | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    top_k: Int | None = Field(default=None, json_schema_extra={"minimum": -1})
+    min_p: Number | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 1})
+    seed: Int | None = Seed
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: StrictBool = False
-    n: StrictInt = Field(default=1, ge=1, le=128)
+    n: Int = Field(default=1, ge=1, le=128)
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
-    min_tokens: StrictInt = Field(default=0, ge=0)
-    presence_penalty: Number | None = None  # None: the model's default, else 0
-    frequency_penalty: Number | None = None
-    repetition_penalty: Number | None = None
-    logit_bias: dict[str, float] | None = None
-    prompt_logprobs: StrictInt | None = Field(default=None, ge=0)  # vLLM's; <= --max-logprobs
+    min_tokens: Int = Field(default=0, ge=0)
+    # None: the model's default
+    presence_penalty: Number | None = Field(
+        default=None, json_schema_extra={"minimum": -2, "maximum": 2})
+    frequency_penalty: Number | None = Field(
+        default=None, json_schema_extra={"minimum": -2, "maximum": 2})
+    repetition_penalty: Number | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0})
+    logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra=TOKEN_ID_KEYS)
+    prompt_logprobs: Int | None = Field(default=None, ge=0, json_schema_extra=LOGPROBS)
     response_format: dict | None = None
     user: StrictStr | None = None
 
@@ -164,15 +213,21 @@ class _Sampling(_VllmFields):
             prompt_logprobs=self.num_prompt_logprobs(), **self.vllm_fields())
 
 
-Prompt = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+NonEmpty = Field(json_schema_extra={"minItems": 1})
+Prompt = (Text | Annotated[list[Text], NonEmpty] | Annotated[list[TokenId], NonEmpty]
+          | Annotated[list[Annotated[list[TokenId], NonEmpty]], NonEmpty])
 
 
 class CompletionRequest(_Sampling):
+    model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES + [
+        when("max_tokens", {"const": 0}, {"echo": {"const": True}})]})
+
     prompt: Prompt
-    max_tokens: StrictInt | None = Field(default=None, ge=0)  # 0: the prompt alone (echo)
+    max_tokens: Int | None = Field(default=None, ge=0,  # 0: the prompt alone (echo)
+                                   json_schema_extra=CONTEXT)
     echo: StrictBool | None = False
-    logprobs: StrictInt | None = Field(default=None, ge=0)  # <= --max-logprobs
-    suffix: StrictStr | None = None
+    logprobs: Int | None = Field(default=None, ge=0, json_schema_extra=LOGPROBS)
+    suffix: StrictStr | None = Field(default=None, json_schema_extra=REFUSED)
     add_special_tokens: StrictBool = True
 
     def refused(self) -> dict:
@@ -205,6 +260,21 @@ class CompletionRequest(_Sampling):
         return list(p)
 
 
+# shapes the server reads from free-form lists, said in the schema
+TEXT_PART: JsonDict = {"type": "object", "required": ["type", "text"],
+             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+FUNCTION_TOOL: JsonDict = {"type": "object", "required": ["function"], "properties": {
+    "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "parameters": {"type": "object"}}}}}
+
+
+TOOL_CHOICE: JsonDict = {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "null"}, {
+    "type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"}, "function": {
+            "type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]}
+
+
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
@@ -214,18 +284,26 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: passed to the template
 
     role: StrictStr
-    content: StrictStr | list[dict] | None = None
+    content: StrictStr | Annotated[list[dict], Field(json_schema_extra={"items": TEXT_PART})] \
+        | None = None
 
 
 class ChatCompletionRequest(_Sampling):
+    model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES + [
+        when("continue_final_message", {"const": True},
+             {"add_generation_prompt": {"const": False}}),
+        when("top_logprobs", {"type": "integer", "minimum": 1},
+             {"logprobs": {"const": True}})]})
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=1, json_schema_extra=CONTEXT)
     logprobs: StrictBool | None = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0)  # <= --max-logprobs
+    top_logprobs: Int | None = Field(default=None, ge=0, json_schema_extra=LOGPROBS)
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict | None = None
-    tools: list[dict] | None = None
-    tool_choice: StrictStr | dict | None = None  # None: auto with tools, else none
+    tools: Annotated[list[dict], Field(json_schema_extra={"items": FUNCTION_TOOL})] | None = None
+    # None: auto with tools, else none
+    tool_choice: StrictStr | dict | None = Field(default=None, json_schema_extra=TOOL_CHOICE)
     parallel_tool_calls: StrictBool | None = True
 
     echo: StrictBool = False  # the last message first, when it is the answer's role

@@ -113,7 +113,13 @@ def serve(args) -> int:
     logger.info("engine ready in %.1f s, warm-up %.2f s of it (%s, max_model_len %d, "
                 "%d KV blocks of %d tokens)", time.perf_counter() - t0, ready.warm_up_s,
                 ready.dtype, ready.max_model_len, ready.num_blocks, ready.block_size)
-    return _run_api_server(args, front, listener, client, ready, stop_asked)
+    try:
+        return _run_api_server(args, front, listener, client, ready, stop_asked)
+    except BaseException:
+        # before the server ran (its own exit stops the core): else the interpreter's
+        # exit would wait for the core, which waits for requests, for good
+        client.shutdown()
+        raise
 
 
 def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) -> int:

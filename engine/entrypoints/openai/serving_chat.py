@@ -120,8 +120,11 @@ async def render_chat(state: ServerState, messages: list, add_generation_prompt:
     except chat_utils.ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages") from None
     if continue_final_message:  # as transformers': cut after the last message's text
+        if not dicts:
+            raise APIError(400, "continue_final_message: give a last message to continue",
+                           "messages")
         final = dicts[-1]["content"].strip()
-        at = text.rfind(final) if final else -1
+        at = text.rfind(final)  # "": the whole text, as transformers' rindex gives
         if at < 0:
             raise APIError(400, "continue_final_message: the template does not write the last "
                            "message's text; leave continue_final_message unset", "messages")

@@ -12,8 +12,9 @@ from typing import Literal
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
+from engine.entrypoints.openai.protocol import Int
 from engine.entrypoints.openai.serving_engine import (
     APIError,
     ServerState,
@@ -26,7 +27,7 @@ from engine.entrypoints.openai.serving_engine import (
 )
 from engine.pooling_params import PoolingParams
 
-Input = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+Input = StrictStr | list[StrictStr] | list[Int] | list[list[Int]]
 
 
 # upstream's fields this engine does not implement: refused by name when set
@@ -49,7 +50,7 @@ class EmbeddingRequest(BaseModel):
     model: StrictStr | None = None
     input: Input
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = None
+    dimensions: Int | None = None
     normalize: StrictBool | None = None  # vLLM's: None is the model's own
     add_special_tokens: StrictBool = True
 

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Annotated
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic.config import JsonDict
 
-from engine.entrypoints.openai.protocol import ChatCompletionRequest, Number
+from engine.entrypoints.openai.openapi_limits import CONTEXT
+from engine.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    Int,
+    Number,
+    Text,
+)
 from engine.entrypoints.openai.serving_chat import chat_sequences
 from engine.entrypoints.openai.serving_engine import (
     APIError,
@@ -26,17 +34,27 @@ from engine.entrypoints.openai.serving_engine import (
     sse,
     unless_disconnected,
 )
+from engine.sampling_params import MAX_TEMPERATURE
+
+_TEXT: JsonDict = {"type": "object", "required": ["type", "text"], "properties": {
+    "type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}
+INPUT_MESSAGE: JsonDict = {"type": "object", "required": ["role", "content"], "properties": {
+    "type": {"const": "message"}, "role": {"type": "string"},
+    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT}]}}}
 
 
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown fields are ignored (refused ones named)
 
     model: StrictStr | None = None
-    input: StrictStr | list[dict]
+    input: Text | Annotated[list[dict], Field(
+        json_schema_extra={"minItems": 1, "items": INPUT_MESSAGE})]
     instructions: StrictStr | None = None
-    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: Number | None = None
-    top_p: Number | None = None
+    max_output_tokens: Int | None = Field(default=None, ge=1, json_schema_extra=CONTEXT)
+    temperature: Number | None = Field(
+        default=None, json_schema_extra={"minimum": 0, "maximum": MAX_TEMPERATURE})
+    top_p: Number | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
     stream: StrictBool | None = False
     metadata: dict | None = None
 
@@ -61,6 +79,8 @@ class ResponsesRequest(BaseModel):
 
     def messages(self) -> list[dict]:
         out = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        if self.input in ("", []):
+            raise APIError(400, "input: give a text or at least one message", "input")
         if isinstance(self.input, str):
             return out + [{"role": "user", "content": self.input}]
         for i, item in enumerate(self.input):

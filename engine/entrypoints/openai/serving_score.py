@@ -10,8 +10,9 @@ import time
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from engine.entrypoints.openai.protocol import Int
 from engine.entrypoints.openai.serving_engine import APIError, ServerState
 from engine.entrypoints.openai.serving_pooling import (
     check_model,
@@ -40,7 +41,7 @@ class RerankRequest(BaseModel):
     model: StrictStr | None = None
     query: StrictStr
     documents: list[StrictStr]
-    top_n: StrictInt | None = Field(default=None, ge=0)  # 0 or unset: every document
+    top_n: Int | None = Field(default=None, ge=0)  # 0 or unset: every document
     return_documents: StrictBool = True
 
 

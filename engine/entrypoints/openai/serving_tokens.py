@@ -6,10 +6,11 @@ import json
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from engine.core import cpu_share
-from engine.entrypoints.openai.protocol import ChatMessage
+from engine.entrypoints.openai.openapi_limits import TOKEN_ID
+from engine.entrypoints.openai.protocol import ChatMessage, Int, when
 from engine.entrypoints.openai.serving_chat import render_chat
 from engine.entrypoints.openai.serving_engine import APIError, ServerState, json_body
 
@@ -34,7 +35,12 @@ class TokenizeRequest(BaseModel):
     two forms); add_special_tokens defaults to true for a prompt, false for
     messages (the template writes its own)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={
+        "oneOf": [{"properties": {"prompt": {"type": "string"}}, "required": ["prompt"]},
+                  {"properties": {"messages": {"type": "array"}}, "required": ["messages"]}],
+        **when("continue_final_message", {"const": True},
+               {"add_generation_prompt": {"const": False},
+                "messages": {"type": "array", "minItems": 1}})})
 
     model: StrictStr | None = None
     prompt: StrictStr | None = None
@@ -50,7 +56,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    tokens: list[Annotated[StrictInt, Field(ge=0)]]
+    tokens: list[Annotated[Int, Field(ge=0, json_schema_extra=TOKEN_ID)]]
 
 
 def add_token_routes(app: FastAPI, state: ServerState) -> None:

@@ -60,12 +60,12 @@ class GGUFLinear(WNA16):
                 if ops.has_panel_linear() else m.T.contiguous()
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        if gguf_int8.runs(layer, rows):
+        rows, terms = x.numel() // x.shape[-1], layer.gguf_terms
+        if terms is not None and rows <= layer.gguf_int8_rows:
             x2 = x.reshape(rows, x.shape[-1])
             out = x2.new_empty(rows, layer.out_features)
             ops.gguf_int8_linear(out, x2 if x2.stride(-1) == 1 else x2.contiguous(),
-                                 layer.wna16[0], layer.gguf_terms, self.bits, layer.wna16_group)
+                                 layer.wna16[0], terms, self.bits, layer.wna16_group)
             if layer.bias is not None:
                 out += layer.bias
             return out.view(*x.shape[:-1], layer.out_features)

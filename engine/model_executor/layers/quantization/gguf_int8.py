@@ -46,7 +46,3 @@ def pack_group_terms(scales: torch.Tensor, zeros: torch.Tensor,
     out = padded.view(2, panels, PANEL, groups).permute(1, 3, 0, 2).to(torch.float16).contiguous()
     return out if bool(torch.isfinite(out).all()) else None
 
-
-def runs(layer, rows: int) -> bool:
-    """Whether `layer`'s product of `rows` rows runs the int8 kernel."""
-    return rows <= layer.gguf_int8_rows and layer.gguf_terms is not None

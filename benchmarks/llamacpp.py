@@ -58,6 +58,10 @@ def child(kind: str, model: str, tokenizer: str, dtype: str, new: int, threads: 
     else:
         from llama_cpp import Llama
 
+        sys.path.insert(0, str(REPO / "tests"))
+        from llamacpp_compat import patch_defaults
+
+        patch_defaults()  # where its AMX buffers crash, without them
         cpp = Llama(model_path=model, n_ctx=max(PREFILLS) + 16, n_batch=512, n_threads=threads,
                     n_threads_batch=threads, verbose=False)
 

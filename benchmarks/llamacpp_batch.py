@@ -17,7 +17,9 @@ class BatchedLlamaCpp:
         # its loader logs every tensor at start: silence, as Llama(verbose=False) does
         self._quiet = lc.llama_log_callback(lambda level, text, data: None)
         lc.llama_log_set(self._quiet, ctypes.c_void_p())
-        mp = lc.llama_model_default_params()
+        from llamacpp_compat import model_params  # tests/: the AMX crash avoided
+
+        mp = model_params(lc)
         self.model = lc.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {model_path}")

@@ -33,6 +33,8 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   endif()
   # weight-only quantized linear layers (W4A16, W8A16), x86 only
   list(APPEND _kernel_src csrc/cpu/wna16_impl.cpp)
+  # GGUF's few-row layers on int8 dot products, x86 only
+  list(APPEND _kernel_src csrc/cpu/gguf_int8_impl.cpp)
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
   include(cmake/cpu_arm.cmake)
   set(_isas ${VLLM_ARM_ISAS})
@@ -60,7 +62,7 @@ foreach(_isa IN LISTS _isas)
 endforeach()
 
 target_sources(_C PRIVATE csrc/cpu/cpu_ops.cpp csrc/cpu/moe_ops.cpp csrc/cpu/isa.cpp)
-target_sources(_C PRIVATE csrc/cpu/wna16_ops.cpp)
+target_sources(_C PRIVATE csrc/cpu/wna16_ops.cpp csrc/cpu/gguf_int8_ops.cpp)
 target_compile_definitions(_C PRIVATE ENGINE_WITH_CPU_KERNELS)
 # OpenMP::OpenMP_CXX links libgomp.so.1 by soname: at run time that is the
 # libgomp torch has already loaded, so there is one OpenMP thread pool.

@@ -88,6 +88,23 @@ def cpu_linear_large_m(env: Mapping[str, str] | None = None) -> int | None:
     return int(raw)
 
 
+def gguf_int8_max_m(env: Mapping[str, str] | None = None) -> int | None:
+    """VLLM_GGUF_INT8_MAX_M: up to how many rows (tokens of a step) a GGUF
+    layer quantizes x to int8 and multiplies in integer dot products, as
+    llama.cpp does (engine.model_executor.layers.quantization.gguf_int8).
+    `auto` (default, or unset): the crossover measured for this CPU; a number
+    of rows; `0`: never (x stays float: the product equals the dequantized
+    weights' to float rounding)."""
+    env = _env(env)
+    raw = env.get("VLLM_GGUF_INT8_MAX_M", "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if not raw.isdigit():
+        raise EnvError(f"VLLM_GGUF_INT8_MAX_M={env['VLLM_GGUF_INT8_MAX_M']!r} is not valid; "
+                       "use auto, 0 (off) or a number of rows")
+    return int(raw)
+
+
 def prefill_attention(env: Mapping[str, str] | None = None) -> str:
     """VLLM_PREFILL_ATTENTION: how prompts attend. `paged` (default): the
     engine's flash kernel over the paged KV cache (ops.paged_prefill_attention);

@@ -17,7 +17,8 @@ OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"
             "reshape_and_cache", "paged_attention")
 #: Ops registered for one device only.
 DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention", "fused_moe",
-                           "wna16_linear", "wna16_dequant", "wna16_dequant_panels")}
+                           "wna16_linear", "wna16_dequant", "wna16_dequant_panels",
+                           "gguf_int8_linear")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 
@@ -165,6 +166,22 @@ def wna16_dequant_panels(out: torch.Tensor, packed_weight: torch.Tensor, scales:
 def has_wna16_linear() -> bool:
     """Whether the CPU code path in use has the wna16 kernels (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_wna16_linear())
+
+
+def gguf_int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+                     terms: torch.Tensor, bits: int, group_size: int) -> None:
+    """GGUF's few-row product as llama.cpp runs it: input quantized to int8 per
+    row and group, times a wna16 packed weight (pack_wna16) in integer dot
+    products, each group's sum scaled by its float16 scale and term
+    (engine.model_executor.layers.quantization.gguf_int8.pack_group_terms).
+    The reference where the code path in use has no kernel."""
+    fn = torch.ops._C.gguf_int8_linear if has_gguf_int8_linear() else reference.gguf_int8_linear
+    fn(out, input, packed_weight, terms, bits, group_size)
+
+
+def has_gguf_int8_linear() -> bool:
+    """Whether the CPU code path in use has the GGUF int8 kernel (x86 AVX2/AVX-512)."""
+    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_gguf_int8_linear())
 
 
 def has_panel_linear() -> bool:

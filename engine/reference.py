@@ -226,6 +226,27 @@ def unpack_wna16(packed_weight: torch.Tensor, scales: torch.Tensor, zeros: torch
     return ((q - z[:, g]).float() * s[:, g])[:n, :k]
 
 
+def gguf_int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
+                     terms: torch.Tensor, bits: int, group_size: int) -> None:
+    """GGUF's int8-activation product (csrc/cpu/gguf_int8.h): input quantized per
+    row and group of group_size (scale max|x| / 127, rounded half to even), each
+    group's integer dot product with the unsigned q times d * scale, plus
+    d * sum(q_x) times the group's term."""
+    m, k = input.shape
+    n, (panels, groups) = out.shape[1], terms.shape[:2]
+    ones = torch.ones(panels, groups, PANEL, dtype=torch.float32)
+    q = unpack_wna16(packed_weight, ones, torch.zeros_like(ones, dtype=torch.uint8), bits,
+                     group_size, n, groups * group_size).double()  # unsigned q, zero past K
+    x = F.pad(input.float(), (0, groups * group_size - k)).view(m, groups, group_size)
+    amax = x.abs().amax(-1, keepdim=True)
+    qx = torch.round(x * torch.where(amax > 0, 127.0 / amax, 0.0)).double()
+    d = (amax / 127.0).double().squeeze(-1)  # [m, groups]
+    dot = torch.einsum("mgk,ngk->mgn", qx, q.view(n, groups, group_size))
+    t = terms.double().permute(0, 3, 1, 2).reshape(panels * PANEL, groups, 2)[:n]
+    out.copy_(torch.einsum("mg,mgn->mn", d, dot * t[:, :, 0].T)
+              + (d * qx.sum(-1)) @ t[:, :, 1].T)
+
+
 def wna16_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
                  scales: torch.Tensor, zeros: torch.Tensor, bits: int, group_size: int) -> None:
     """Weight-only quantized linear: the unpacked weight times input, in float32."""

@@ -160,6 +160,14 @@ struct KernelTable {
   void (*wna16_dequant_panels)(DType dt, int bits, int k_pack, void* wp, const uint32_t* packed,
                                const float* scales, const uint8_t* zeros, int64_t N, int64_t K,
                                int64_t group_size);
+  // GGUF's quantized linear layers for few rows (decode), x quantized to int8
+  // per group and multiplied with integer dot products as llama.cpp does
+  // (gguf_int8.h): out[m, :N] = x[m, :K] @ W^T, the wna16 packed weight with
+  // its per-group float16 scale and term. x86 only, null elsewhere (the
+  // caller then runs wna16_linear).
+  int64_t (*gguf_int8_linear)(DType dt, int bits, void* out, const void* x,
+                              const uint32_t* packed, const uint16_t* terms, int64_t M,
+                              int64_t N, int64_t K, int64_t group_size, int64_t ldx, int64_t ldo);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is

@@ -11,6 +11,7 @@
 #include "amx.h"
 #include "scratch.h"
 #include "wna16.h"
+#include "gguf_int8.h"
 #include "cpu_types.h"
 #include "layernorm_impl.h"
 #include "pos_encoding_impl.h"
@@ -241,7 +242,9 @@ namespace wna16 = ENGINE_CAT(wna16_, ENGINE_ISA);
 #define ENGINE_WNA16_LINEAR_AMX nullptr
 #endif
 #define ENGINE_WNA16(fn) wna16::fn
+#define ENGINE_GGUF_INT8 ENGINE_CAT(gguf_int8_, ENGINE_ISA)::linear
 #else
+#define ENGINE_GGUF_INT8 nullptr
 #define ENGINE_WNA16_LINEAR_AMX nullptr
 #define ENGINE_WNA16(fn) nullptr
 #endif
@@ -252,7 +255,7 @@ const KernelTable table = {
     ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, ENGINE_INT8_LINEAR_AMX,
     paged_prefill_attention, ENGINE_PREFILL_ATTENTION_AMX, ENGINE_FUSED_MOE,
     ENGINE_WNA16(linear),   ENGINE_WNA16(dequant), ENGINE_WNA16_LINEAR_AMX,
-    ENGINE_WNA16(dequant_panels),
+    ENGINE_WNA16(dequant_panels), ENGINE_GGUF_INT8,
 };
 
 }  // namespace

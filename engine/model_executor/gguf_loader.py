@@ -126,6 +126,8 @@ def load_gguf(model: CausalLM, file: Path) -> None:
                 start = sum(getattr(dest, "shard_sizes", ())[:part])  # a fused parameter's
                 dest = dest[start:start + shape[0]]
             dest.copy_(value)
+            if part is None and type_name in FORMS:
+                _tied_head(modules, dest, data, type_name, shape)
     for key, (name, part) in mapping.items():
         got = loaded.get(name, set())
         sizes = getattr(params[name], "shard_sizes", None)
@@ -137,6 +139,16 @@ def load_gguf(model: CausalLM, file: Path) -> None:
         logger.info("GGUF %s: %s tensors dequantized to %s at load (no kernel runs %s blocks "
                     "as they are)", file.name, type_name, str(dtype).removeprefix("torch."),
                     type_name)
+
+
+def _tied_head(modules: dict, param: torch.Tensor, data, type_name: str, shape: tuple) -> None:
+    """Where `param` is also the LM head's weight (tied embeddings), the head
+    runs on the file's blocks (layers/quantization/gguf)."""
+    head = modules.get("lm_head")
+    if (isinstance(head, Linear) and head.weight is param and head.quant_method is None
+            and tuple(param.shape) == shape):
+        blocks = unpack(type_name, data, *shape)
+        method_for([blocks]).load(head, [blocks])
 
 
 def _match(model: CausalLM, reader, file: Path, arch: str, mapping: dict, params: dict) -> list:

@@ -50,7 +50,10 @@ def work(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def cache_root(work):
-    with mock.patch.dict("os.environ", {"VLLM_CACHE_ROOT": str(work / "cache")}):
+    """Also x float at decode (no int8 rounding of x as llama.cpp's, tests/models/
+    test_gguf_int8.py): each product equals the dequantized weights' to float rounding."""
+    with mock.patch.dict("os.environ", {"VLLM_CACHE_ROOT": str(work / "cache"),
+                                        "VLLM_GGUF_INT8_MAX_M": "0"}):
         yield
 
 
@@ -75,6 +78,7 @@ def mixed(work) -> tuple[Path, Path]:
 @pytest.mark.parametrize("isa", ["avx512_bf16", "avx512", "avx2"])
 def test_every_type_greedy_equals_the_dequantized_checkpoint(mixed, isa, caplog):
     from engine import ops
+
     from engine.platforms.cpu_features import CpuIsaError
 
     if isa not in ops.compiled_cpu_isas():

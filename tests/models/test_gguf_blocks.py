@@ -16,6 +16,13 @@ from engine.model_executor.layers.linear import Linear
 from engine.model_executor.layers.quantization.gguf import method_for
 from engine.model_executor.layers.quantization.gguf_blocks import FORMS, dequantized, unpack
 
+
+@pytest.fixture(autouse=True)
+def float_x(monkeypatch):
+    """x stays float at few rows too (the int8 decode rounds it:
+    tests/models/test_gguf_int8.py): each layer multiplies as its weight does."""
+    monkeypatch.setenv("VLLM_GGUF_INT8_MAX_M", "0")
+
 gguf = pytest.importorskip("gguf", reason="gguf is a runtime requirement (requirements/common.txt)")
 
 TYPES = list(FORMS)

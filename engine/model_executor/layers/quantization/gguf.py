@@ -8,7 +8,9 @@ x . ((q * s) + m) = x . (q * s) + sum_g m_g * sum_{k in g} x_k, a small
 float a group to read). A fused layer (q/k/v, gate/up) whose parts differ in
 type (Q4_K_M files give v_proj Q6_K beside Q4_K) takes the widest bits and
 the finest group of its parts: a 4-bit q fits 8 bits, a scale covers two
-half-groups as it covers one."""
+half-groups as it covers one. Up to gguf_int8.INT8_MAX_M rows (decode) the
+x86 kernels quantize x to int8 and multiply in integer dot products as
+llama.cpp does (gguf_int8), over the same packed weight."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ import torch
 
 from engine import ops
 from engine.model_executor.layers.linear import Linear, pack_panels
+from engine.model_executor.layers.quantization import gguf_int8
 from engine.model_executor.layers.quantization.gguf_blocks import Unpacked
 from engine.model_executor.layers.quantization.wna16 import WNA16
 
@@ -43,7 +46,12 @@ class GGUFLinear(WNA16):
                         else u.mins.repeat_interleave(repeat, dim=1))
         self.set_weights(layer, _cat(qs), _cat(scales), _cat(zeros), None, group)
         layer.gguf_mins = None
-        if any(u.mins is not None for u in parts):
+        has_mins = any(u.mins is not None for u in parts)
+        layer.gguf_int8_rows = gguf_int8.max_rows()
+        layer.gguf_terms = gguf_int8.pack_group_terms(
+            _cat(scales), _cat(zeros), _cat(mins) if has_mins else None) \
+            if layer.gguf_int8_rows > 0 else None
+        if has_mins:
             m = _cat(mins)  # [N, groups]
             layer.gguf_groups = m.shape[1]
             # the engine's panel GEMM where it has one: MKL's float32 GEMM of K = groups
@@ -52,6 +60,15 @@ class GGUFLinear(WNA16):
                 if ops.has_panel_linear() else m.T.contiguous()
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        rows, terms = x.numel() // x.shape[-1], layer.gguf_terms
+        if terms is not None and rows <= layer.gguf_int8_rows:
+            x2 = x.reshape(rows, x.shape[-1])
+            out = x2.new_empty(rows, layer.out_features)
+            ops.gguf_int8_linear(out, x2 if x2.stride(-1) == 1 else x2.contiguous(),
+                                 layer.wna16[0], terms, self.bits, layer.wna16_group)
+            if layer.bias is not None:
+                out += layer.bias
+            return out.view(*x.shape[:-1], layer.out_features)
         out = super().apply(layer, x)
         mins = layer.gguf_mins
         if mins is None:

@@ -1,0 +1,96 @@
+"""GGUF's int8-activation kernel (gguf_int8_linear: x rounded to int8 per row
+and group, integer dot products with the wna16 packed q, a float16 scale and
+term a group) against engine.reference's on every compiled CPU code path this
+CPU can run (avx512_bf16's VNNI, avx512's and avx2's vpmaddubsw), and the
+reference against the dense float product within x's rounding."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ops import isa  # noqa: F401  (every test on each code path)
+
+from engine import ops, reference
+from engine.model_executor.layers.quantization.gguf_int8 import pack_group_terms
+from engine.model_executor.layers.quantization.wna16 import pack_wna16
+
+pytestmark = pytest.mark.skipif(not ops.has_gguf_int8_linear(),
+                                reason="no gguf_int8 kernel in this build / on this CPU")
+
+
+def _case(n, k, bits, group, zero, with_mins, seed=0):
+    """q, scales, zeros, mins as GGUF's blocks give them (scales and mins float16
+    values, one zero point a type; 8-bit q over the whole byte)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = k // group
+    q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    zeros = torch.full((n, groups), zero, dtype=torch.uint8)
+    scales = (torch.rand(n, groups, generator=g) * 0.02 + 1e-3).half().float()
+    mins = (torch.randn(n, groups, generator=g) * 0.02).half().float() if with_mins else None
+    return q, scales, zeros, mins
+
+
+def _dense(q, scales, zeros, mins, group):
+    g = torch.arange(q.shape[1]) // group
+    w = (q.float() - zeros.float()[:, g]) * scales[:, g]
+    return w if mins is None else w + mins[:, g]
+
+
+# rows across the tiles (4 a tile on AVX2, 8 on AVX-512), columns past a panel
+# (and past half of one: AVX2's two vectors), groups of 8 (4-bit only), 16 (Q6_K),
+# 32 and 64, K a multiple of the group only
+@pytest.mark.parametrize("bits,zero,with_mins", [(4, 8, False), (4, 0, True), (8, 128, False),
+                                                 (8, 32, False), (8, 0, True)])
+@pytest.mark.parametrize("m,n,k,group", [(1, 16, 64, 32), (1, 7, 96, 32), (3, 33, 160, 32),
+                                         (5, 50, 48, 16), (9, 24, 128, 64), (16, 40, 64, 8),
+                                         (17, 100, 96, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(bits, zero, with_mins, m, n, k, group, dtype):
+    if group % (32 // bits):
+        pytest.skip(f"a {bits}-bit lane holds {32 // bits} k: no group of {group}")
+    q, scales, zeros, mins = _case(n, k, bits, group, zero, with_mins)
+    packed, _, _ = pack_wna16(q, scales, zeros, bits, group)
+    terms = pack_group_terms(scales, zeros, mins)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x[0, :group] = 0  # a group of zeros: scale 0, no division by it
+    out, ref = torch.empty(m, n, dtype=dtype), torch.empty(m, n)
+    ops.gguf_int8_linear(out, x, packed, terms, bits, group)
+    reference.gguf_int8_linear(ref, x, packed, terms, bits, group)
+    # the integer sums are exact on both sides; the float ones differ in order
+    # (and the output rounds once to bfloat16). A product x * 127 / max|x| that
+    # lands on a tie (bfloat16 x has few bits) may round either way: one x step
+    # times one weight (seen once: 16 x 40 x 64, 8-bit, groups of 8)
+    xf = x.float()
+    w = _dense(q, scales, zeros, mins, group)
+    tie = float(xf.abs().amax() / 127 * w.abs().max())
+    tol = dict(atol=1e-4 + tie, rtol=1e-4) if dtype == torch.float32 else \
+        dict(atol=2e-2 + tie, rtol=1e-2)
+    torch.testing.assert_close(out.float(), ref, **tol)
+    # the reference: the dense product within x's rounding, half a step (max|x| / 254
+    # of its group) a value, and the terms' float16 rounding
+    step = xf.abs().view(m, k // group, group).amax(-1) / 254  # [m, groups]
+    wabs = w.abs().view(n, k // group, group).sum(-1)  # [n, groups]
+    bound = step @ wabs.T + (xf.abs() @ w.abs().T) * 2.0 ** -10 + 1e-5
+    assert ((ref - xf @ w.T).abs() <= bound).all()
+
+
+def test_refuses_a_wrong_layout():
+    q, scales, zeros, mins = _case(16, 64, 4, 32, 8, False)
+    packed, _, _ = pack_wna16(q, scales, zeros, 4, 32)
+    terms = pack_group_terms(scales, zeros, mins)
+    out, x = torch.empty(1, 16), torch.randn(1, 64)
+    with pytest.raises(ValueError, match="terms must be contiguous float16"):
+        torch.ops._C.gguf_int8_linear(out, x, packed, terms.float(), 4, 32)
+    with pytest.raises(ValueError, match="packed_weight must be"):
+        torch.ops._C.gguf_int8_linear(out, x, packed, terms, 8, 32)
+
+
+def test_group_terms_layout():
+    """[panels, groups, 2, 16]: column c's scale, then min - scale * zero."""
+    scales = torch.tensor([[0.5, 0.25]] * 17)
+    zeros = torch.tensor([[8, 8]] * 17, dtype=torch.uint8)
+    mins = torch.full((17, 2), 1.0)
+    t = pack_group_terms(scales, zeros, mins)
+    assert t.shape == (2, 2, 2, 16) and t.dtype == torch.float16
+    assert t[0, 1, 0, 3] == 0.25 and t[0, 1, 1, 3] == 1.0 - 0.25 * 8
+    assert t[1, 0, 0, 0] == 0.5 and (t[1, :, :, 1:] == 0).all()  # columns past N
+    assert pack_group_terms(scales * 1e5, zeros, None) is None  # not finite in float16

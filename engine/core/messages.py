@@ -51,6 +51,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     num_preemptions: int = 0
     # a pooling request's vector: float32 little-endian bytes (what base64 sends as is)
     pooled: bytes | None = None
+    engine_index: int = 0  # -dp N: the replica that runs it
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

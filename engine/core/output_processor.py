@@ -60,6 +60,9 @@ class RequestState(PromptAndOutput):
         self.arrival_time = time.monotonic()
         self.scheduled_time: float | None = None  # first run in the core (monotonic)
         self.num_preemptions = 0
+        self.engine_index = 0  # the data-parallel replica that runs it (/metrics' engine)
+        self.request_n = 0  # /metrics: its request's n, on the first sequence of each prompt
+        self.prompt_counted = False  # /metrics: its prompt's tokens counted
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         # a pooling request's (params is then NO_SAMPLING): what it asks, its token
@@ -143,6 +146,7 @@ class OutputProcessor:
             state.queue.put_nowait(update)
 
     def _apply(self, state: RequestState, o: EngineCoreOutput, now: float) -> RequestUpdate:
+        state.engine_index = o.engine_index
         if o.pooled is not None:  # a pooling request: done, no text
             state.pooled, state.finish_reason = o.pooled, o.finish_reason or "stop"
             if self.on_output is not None:

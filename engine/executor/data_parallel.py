@@ -169,6 +169,7 @@ class DPEngineCore:
                         continue
                     if o.finish_reason is not None:
                         self._done(o.request_id)
+                    o.engine_index = rank  # /metrics labels the request by it
                     outputs.append(o)
             elif msg[0] == "failed":
                 if outputs:  # hand these over first; the failure comes with the next call

@@ -127,6 +127,10 @@ def test_serve_dp2_answers_like_one_engine_and_a_killed_replica_is_503(model, tm
             queried = re.search(rf'^vllm:prefix_cache_queries_total\{{engine="{engine}",'
                                 r'model_name="m"\} ([0-9.]+)$', metrics, re.M)
             assert queried and float(queried.group(1)) > 0, metrics
+            # and each request's series under the replica that ran it
+            done = re.search(rf'^vllm:e2e_request_latency_seconds_count\{{engine="{engine}",'
+                             r'model_name="m"\} ([0-9.]+)$', metrics, re.M)
+            assert done and float(done.group(1)) == 2, metrics
         # the replicas are the engine core process's children (it is the front of them)
         (core,) = _spawned(proc.pid)
         replicas = _spawned(core)

@@ -47,11 +47,12 @@ def ours() -> str:
     for h in (http.request_size, http.response_size):
         h.labels("/v1/completions").observe(10)
     http.duration.labels("/v1/completions", "POST").observe(0.1)
-    params = SimpleNamespace(max_tokens=4)
-    m.on_request([SimpleNamespace(index=0, params=params)])
-    state = SimpleNamespace(arrival_time=0.0, scheduled_time=0.1, first_token_time=None,
-                            last_token_time=None, finish_reason=None, num_cached_tokens=0,
-                            num_prompt_tokens=5, num_output_tokens=1, num_preemptions=0)
+    state = SimpleNamespace(index=0, params=SimpleNamespace(max_tokens=4), arrival_time=0.0,
+                            scheduled_time=0.1, first_token_time=None, last_token_time=None,
+                            finish_reason=None, num_cached_tokens=0, num_prompt_tokens=5,
+                            num_output_tokens=1, num_preemptions=0, engine_index=0,
+                            prompt_counted=False)
+    m.on_request([state])
     m.on_output(state, 1, 0.2)
     state.first_token_time, state.last_token_time, state.finish_reason = 0.2, 0.2, "length"
     state.num_output_tokens = 2
@@ -160,4 +161,25 @@ def test_data_parallel_replicas_are_labelled_by_engine_index():
                  'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 2.0',
                  'vllm:num_requests_waiting_by_reason{engine="1",model_name="m",'
                  'reason="capacity"} 1.0'):
+        assert line in text, line
+    # a request's series: under the replica that ran it (its outputs' engine_index)
+    for state in (SimpleNamespace(
+            engine_index=1, arrival_time=0.0, scheduled_time=0.5, first_token_time=None,
+            last_token_time=None, finish_reason=None, num_cached_tokens=1, num_prompt_tokens=3,
+            prompt_counted=False, num_output_tokens=2, num_preemptions=0, request_n=1,
+            params=SimpleNamespace(max_tokens=2)) for _ in range(1)):
+        m.on_output(state, 1, 1.0)
+        state.first_token_time = state.last_token_time = 1.0
+        state.finish_reason = "length"
+        m.on_output(state, 1, 2.0)
+    text = m.render().decode()
+    for line in ('vllm:e2e_request_latency_seconds_count{engine="1",model_name="m"} 1.0',
+                 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 0.0',
+                 'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0',
+                 'vllm:prompt_tokens_total{engine="1",model_name="m"} 3.0',
+                 'vllm:request_params_n_count{engine="1",model_name="m"} 1.0',
+                 'vllm:request_success_total{engine="1",finished_reason="length",'
+                 'model_name="m"} 1.0',
+                 'vllm:prompt_tokens_by_source_total{engine="1",model_name="m",'
+                 'source="local_compute"} 2.0'):
         assert line in text, line

@@ -37,7 +37,11 @@ N_BUCKETS = (1, 2, 5, 10, 20)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
-ENGINE = "0"  # the request series' engine (-dp N: the scheduler's are per replica)
+ENGINE = "0"  # one engine's label (-dp N: each replica's index)
+# per-request series: labelled by the replica that ran the request
+REQUEST_SERIES = ("prompt_tokens", "generation_tokens", "cached", "req_prompt", "req_generation",
+                  "max_gen", "params_n", "params_max_tokens", "ttft", "itl", "tpot", "e2e",
+                  "queue", "inference", "prefill", "decode", "req_preemptions", "kv_computed")
 
 
 def token_buckets(max_model_len: int) -> list[int]:
@@ -69,19 +73,18 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             r.register(collector)  # process_* and python_*, as upstream's default registry
-        names, values = ["model_name", "engine"], (model_name, ENGINE)
+        names = ["model_name", "engine"]
 
         def gauge(name, doc, extra=(), per_engine=False):
             g = Gauge(name, doc, names + list(extra), registry=r, multiprocess_mode="mostrecent")
-            return g if extra or per_engine else g.labels(*values)
+            return g if extra or per_engine else g.labels(model_name, ENGINE)
 
         def counter(name, doc, extra=(), per_engine=False):
             c = Counter(name, doc, names + list(extra), registry=r)
-            return c if extra or per_engine else c.labels(*values)
+            return c if extra or per_engine else c.labels(model_name, ENGINE)
 
-        def histogram(name, doc, buckets, per_engine=False):
-            h = Histogram(name, doc, names, buckets=buckets, registry=r)
-            return h if per_engine else h.labels(*values)
+        def histogram(name, doc, buckets):  # all per engine: labelled by _Engine
+            return Histogram(name, doc, names, buckets=buckets, registry=r)
 
         # the scheduler's series: families, labelled per replica by _Engine
         self.running = gauge("vllm:num_requests_running",
@@ -113,27 +116,24 @@ class Metrics:
         self.preemptions = counter("vllm:num_preemptions",
                                    "Cumulative number of preemption from the engine.",
                                    per_engine=True)
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                                     per_engine=True)
         self.by_source = counter("vllm:prompt_tokens_by_source",
                                  "Number of prompt tokens by source.", ["source"])
         self.cached = counter("vllm:prompt_tokens_cached",
-                              "Number of cached prompt tokens (local + external).")
+                              "Number of cached prompt tokens (local + external).",
+                              per_engine=True)
         self.cached_by = counter("vllm:prompt_tokens_cached_by_source",
                                  "Prefix-cache hit tokens by the cache tier that supplied them.",
                                  ["source"])
         self.generation_tokens = counter("vllm:generation_tokens",
-                                         "Number of generation tokens processed.")
+                                         "Number of generation tokens processed.", per_engine=True)
         self._success = counter("vllm:request_success",
                                 "Count of successfully processed requests.", ["finished_reason"])
         # upstream's one series without `engine`: the front end refuses, not an engine
         rejected = Counter("vllm:admission_rejections", "Number of admission attempts rejected "
                            "by a queue limit, by reason.", ["model_name", "reason"], registry=r)
         self.rejected = rejected.labels(model_name, "max_num_queued_reqs")
-        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
-            self.by_source.labels(*values, source)
-        self.cached_by.labels(*values, "device")
-        for reason in FINISHED_REASONS:
-            self._success.labels(*values, reason)
         rejected.labels(model_name, "max_num_queued_tokens")
         tokens = token_buckets(max_model_len)
         self.req_prompt = histogram("vllm:request_prompt_tokens",
@@ -141,7 +141,7 @@ class Metrics:
         self.req_generation = histogram("vllm:request_generation_tokens",
                                         "Number of generation tokens processed.", tokens)
         self.iteration = histogram("vllm:iteration_tokens_total", "Histogram of number of "
-                                   "tokens per engine_step.", ITERATION_BUCKETS, per_engine=True)
+                                   "tokens per engine_step.", ITERATION_BUCKETS)
         self.max_gen = histogram("vllm:request_max_num_generation_tokens", "Histogram of maximum "
                                  "number of requested generation tokens.", tokens)
         self.params_n = histogram("vllm:request_params_n",
@@ -191,16 +191,13 @@ class Metrics:
             self.cache_info.labels(str(index), *self._info).set(1)
         return self._engines[index]
 
-    def on_prompt(self, num_tokens: int) -> None:
-        self.prompt_tokens.inc(num_tokens)
-
     def on_request(self, seqs) -> None:
-        """A request's sequences, admitted: its n (per prompt) and max_tokens."""
-        for n in Tally(s.index for s in seqs).values():
-            self.params_n.observe(n)
-        for s in seqs:
-            self.params_max_tokens.observe(s.params.max_tokens)
-            self.max_gen.observe(s.params.max_tokens)
+        """A request's sequences, admitted: each learns its request's n (observed
+        with the rest when it ends, under the engine that ran it)."""
+        tally, seen = Tally(s.index for s in seqs), set()
+        for s in seqs:  # one n a prompt (index: the prompt's), on its first sequence
+            s.request_n = 0 if s.index in seen else tally[s.index]
+            seen.add(s.index)
 
     def on_stats(self, stats) -> None:
         """A step's SchedulerStats (engine/core/messages.py); totals since
@@ -210,44 +207,56 @@ class Metrics:
 
     def on_output(self, state, num_tokens: int, now: float) -> None:
         """A request gained num_tokens (state: its times before them)."""
+        e = self._engine(state.engine_index).series
         if num_tokens:
-            self.generation_tokens.inc(num_tokens)
+            e["generation_tokens"].inc(num_tokens)
             gaps = num_tokens
             if state.first_token_time is None:
-                self.ttft.observe(now - state.arrival_time)
-                self._first_output(state)
+                e["ttft"].observe(now - state.arrival_time)
+                self._prompt_done(e, state)
                 gaps -= 1
             elif state.last_token_time is not None:
                 for _ in range(gaps):  # tokens that came together share the gap
-                    self.itl.observe((now - state.last_token_time) / num_tokens)
+                    e["itl"].observe((now - state.last_token_time) / num_tokens)
         if state.finish_reason is not None:
-            self._success.labels(self.model_name, ENGINE, state.finish_reason).inc()
-            self._finished(state, now)
+            self._prompt_done(e, state)  # a pooling request: no token, its prompt now
+            self._success.labels(self.model_name, str(state.engine_index),
+                                 state.finish_reason).inc()
+            self._finished(e, state, now)
 
-    def _first_output(self, state) -> None:
+    def _prompt_done(self, e: dict, state) -> None:
+        if state.prompt_counted:
+            return
+        state.prompt_counted = True
         cached = state.num_cached_tokens
         computed = state.num_prompt_tokens - cached
-        self.cached.inc(cached)
-        self.cached_by.labels(self.model_name, ENGINE, "device").inc(cached)
-        self.by_source.labels(self.model_name, ENGINE, "local_cache_hit").inc(cached)
-        self.by_source.labels(self.model_name, ENGINE, "local_compute").inc(computed)
-        self.kv_computed.observe(computed)
+        label = str(state.engine_index)
+        e["prompt_tokens"].inc(state.num_prompt_tokens)
+        e["cached"].inc(cached)
+        self.cached_by.labels(self.model_name, label, "device").inc(cached)
+        self.by_source.labels(self.model_name, label, "local_cache_hit").inc(cached)
+        self.by_source.labels(self.model_name, label, "local_compute").inc(computed)
+        e["kv_computed"].observe(computed)
 
-    def _finished(self, state, now: float) -> None:
+    def _finished(self, e: dict, state, now: float) -> None:
         """Upstream's per-request phases: queued (arrival to first scheduled),
         prefill (to the first token), decode (to the last), inference (both)."""
         scheduled = state.scheduled_time or state.arrival_time
         first = state.first_token_time or now
-        self.e2e.observe(now - state.arrival_time)
-        self.queue.observe(max(scheduled - state.arrival_time, 0.0))
-        self.prefill.observe(max(first - scheduled, 0.0))
-        self.decode.observe(max(now - first, 0.0))
-        self.inference.observe(max(now - scheduled, 0.0))
-        self.req_prompt.observe(state.num_prompt_tokens)
-        self.req_generation.observe(state.num_output_tokens)
-        self.req_preemptions.observe(state.num_preemptions)
+        e["e2e"].observe(now - state.arrival_time)
+        e["queue"].observe(max(scheduled - state.arrival_time, 0.0))
+        e["prefill"].observe(max(first - scheduled, 0.0))
+        e["decode"].observe(max(now - first, 0.0))
+        e["inference"].observe(max(now - scheduled, 0.0))
+        e["req_prompt"].observe(state.num_prompt_tokens)
+        e["req_generation"].observe(state.num_output_tokens)
+        e["req_preemptions"].observe(state.num_preemptions)
+        e["params_max_tokens"].observe(state.params.max_tokens)
+        e["max_gen"].observe(state.params.max_tokens)
+        if state.request_n:
+            e["params_n"].observe(state.request_n)
         if state.num_output_tokens > 1:
-            self.tpot.observe((now - first) / (state.num_output_tokens - 1))
+            e["tpot"].observe((now - first) / (state.num_output_tokens - 1))
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -273,6 +282,12 @@ class _Engine:
         self.prefix_queries = m.prefix_queries.labels(*v)
         self.prefix_hits = m.prefix_hits.labels(*v)
         self.preemptions, self.iteration = m.preemptions.labels(*v), m.iteration.labels(*v)
+        self.series = {name: getattr(m, name).labels(*v) for name in REQUEST_SERIES}
+        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+            m.by_source.labels(*v, source)
+        m.cached_by.labels(*v, "device")
+        for reason in FINISHED_REASONS:
+            m._success.labels(*v, reason)
         self._seen = (0, 0, 0)  # the core's totals at the last step: queries, hits, preemptions
 
     def on_stats(self, stats, totals: bool) -> None:

@@ -196,7 +196,6 @@ def admit(state: ServerState, seqs, param: str) -> None:
         raise APIError(503, str(exc)) from None
     state.metrics.on_request(seqs)
     for s in seqs:
-        state.metrics.on_prompt(s.num_prompt_tokens)
         if state.options.log_requests:
             log_request(state, s)
 

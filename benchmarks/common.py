@@ -274,13 +274,14 @@ def kernel_isa() -> str:
                 return isa
         except Exception:  # no CPU kernels in this build: fall back to the probe
             pass
-    requested = os.environ.get("VLLM_CPU_ISA", "auto")
-    if requested != "auto":
-        return requested
     try:
+        from engine.envs import cpu_isa
         from engine.platforms.cpu_features import current
     except ImportError:
         return "unknown"
+    requested = cpu_isa()
+    if requested != "auto":
+        return requested
     usable = current().usable_isas()
     return usable[0] if usable else "generic"
 

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tools.errors import UserError
+from wheel_index import envs
 from wheel_index.maintain import pointers, prune, published, verify
 from wheel_index.publish import publish
 from wheel_index.server import DEFAULT_THREADS
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except UserError as exc:
-        if os.environ.get("VLLM_DEBUG"):
+        if envs.debug():
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
+from wheel_index import envs
 from wheel_index.connections import DEFAULT_THREADS, HEADER_TIMEOUT, IDLE_TIMEOUT, GatheringServer
 from wheel_index.layout import HTML_CT, PROJECT, SIMPLE_JSON_CT, cache_control, content_type
 
@@ -133,7 +134,7 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         self.handle_one_request()  # the server hands a kept-alive connection back to wait
 
     def log_message(self, fmt, *args):  # quiet by default; requests are not secrets but noise
-        if os.environ.get("VLLM_INDEX_LOG"):
+        if envs.log_requests():
             super().log_message(fmt, *args)
 
     def _error(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:

@@ -1,14 +1,25 @@
 // silu_and_mul, and reshape_and_cache (a copy into the paged cache): portable
-// `omp simd` loops, which vectorize well for every ISA.
+// `omp simd` loops, which vectorize well for every ISA; NEON's silu takes its
+// explicit vectors (ENGINE_VEC_SILU, arm/cpu_types_arm.h).
 #pragma once
 
 #include <stdint.h>
 
+#include "cpu_types.h"
 #include "scalar.h"
 
 namespace engine::cpu {
 namespace {
 
+// silu of one element: the vector silu's lane where the ISA has one, so that
+// a row's tail gets the same math as its vectors; else scalar.h's.
+inline float silu_elem(float x) {
+#ifdef ENGINE_VEC_SILU
+  return vfirst(vsilu(vset1(x)));
+#else
+  return silu(x);
+#endif
+}
 
 template <typename T>
 void silu_and_mul_t(T* out, const T* in, int64_t rows, int64_t d,
@@ -18,9 +29,13 @@ void silu_and_mul_t(T* out, const T* in, int64_t rows, int64_t d,
     const T* a = in + r * in_stride;
     const T* b = a + d;
     T* y = out + r * out_stride;
+    int64_t i0 = 0;
+#ifdef ENGINE_VEC_SILU
+    for (; i0 + W <= d; i0 += W) vstore(y + i0, vmul(vsilu(vload(a + i0)), vload(b + i0)));
+#endif
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) {
-      y[i] = Elem<T>::store(silu(Elem<T>::load(a[i])) * Elem<T>::load(b[i]));
+    for (int64_t i = i0; i < d; ++i) {
+      y[i] = Elem<T>::store(silu_elem(Elem<T>::load(a[i])) * Elem<T>::load(b[i]));
     }
   }
 }

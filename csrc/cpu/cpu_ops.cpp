@@ -136,9 +136,7 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
   auto dt = dtype_of(input, at::kCPU, op, "input");
   check_like(out, input, op, "out", "input");
   check_like(packed_weight, input, op, "packed_weight", "input");
-  TORCH_CHECK_VALUE(input.dim() == 2 && input.stride(1) == 1, op,
-                    ": input must be 2-D with a contiguous last dimension, got shape ",
-                    input.sizes(), " and strides ", input.strides());
+  check_matrix_input(input, op);
   const int64_t M = input.size(0), K = input.size(1);
   // The panel width says the layout: kPanel k-major columns, or kPanel columns
   // by k pairs (2 * kPanel values a step) for the AVX512_BF16 kernel.
@@ -152,9 +150,7 @@ void linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_w
                     packed_weight.sizes());
   TORCH_CHECK_VALUE(!pairs || dt == at::kBFloat16, op,
                     ": a weight packed in k pairs is bfloat16 only, got ", dt);
-  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == M && out.stride(1) == 1, op,
-                    ": out must be [", M, ", N] with a contiguous last dimension, got shape ",
-                    out.sizes());
+  check_matrix_out(out, input, op);
   const int64_t N = out.size(1);
   TORCH_CHECK_VALUE((N + kPanel - 1) / kPanel == packed_weight.size(0), op, ": out has ", N,
                     " columns but packed_weight holds ", packed_weight.size(0) * kPanel,
@@ -200,12 +196,8 @@ void int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pac
   const char* op = "int8_linear";
   auto dt = dtype_of(input, at::kCPU, op, "input");
   check_like(out, input, op, "out", "input");
-  TORCH_CHECK_VALUE(input.dim() == 2 && input.stride(1) == 1, op,
-                    ": input must be 2-D with a contiguous last dimension, got shape ",
-                    input.sizes(), " and strides ", input.strides());
-  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == input.size(0) && out.stride(1) == 1, op,
-                    ": out must be [", input.size(0), ", N] with a contiguous last dimension, "
-                    "got shape ", out.sizes());
+  check_matrix_input(input, op);
+  check_matrix_out(out, input, op);
   const int64_t M = input.size(0), K = input.size(1), N = out.size(1);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   TORCH_CHECK_VALUE(packed_weight.scalar_type() == at::kChar && packed_weight.device().is_cpu() &&

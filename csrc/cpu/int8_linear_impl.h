@@ -159,18 +159,7 @@ using I8TileFn = void (*)(const typename Ops::A*, const int8_t*, int64_t, const 
 
 template <typename Ops, int P, int MR_MAX>
 inline I8TileFn<Ops> i8_tile_fn(int mr) {
-  switch (mr) {
-#define ENGINE_I8_CASE(n) \
-  case n:                 \
-    return &i8_tile<Ops, (n <= MR_MAX ? n : MR_MAX), P>;
-    ENGINE_I8_CASE(1) ENGINE_I8_CASE(2) ENGINE_I8_CASE(3) ENGINE_I8_CASE(4)
-    ENGINE_I8_CASE(5) ENGINE_I8_CASE(6) ENGINE_I8_CASE(7) ENGINE_I8_CASE(8)
-    ENGINE_I8_CASE(9) ENGINE_I8_CASE(10) ENGINE_I8_CASE(11) ENGINE_I8_CASE(12)
-    ENGINE_I8_CASE(13) ENGINE_I8_CASE(14) ENGINE_I8_CASE(15)
-#undef ENGINE_I8_CASE
-    default:
-      return &i8_tile<Ops, MR_MAX, P>;
-  }
+  return tile_for_rows<MR_MAX>(mr, []<int R>() { return &i8_tile<Ops, R, P>; });
 }
 
 // q[m, :] = round(x[m, :] / s[m]), s[m] = max|x[m, :]| / 127 (1 for a zero row)

@@ -135,21 +135,9 @@ void linear_tile(const typename Tile::A* a, const T* panel, int64_t steps, float
 template <typename Tile, typename T>
 using TileFn = void (*)(const typename Tile::A*, const T*, int64_t, float*, const float*);
 
-// A switch, not std::integer_sequence: kernels include only C headers (kernels.h).
 template <typename Tile, int P, int MR_MAX, typename T>
 inline TileFn<Tile, T> tile_fn(int mr) {
-  switch (mr) {
-#define ENGINE_TILE_CASE(n) \
-  case n:                   \
-    return &linear_tile<Tile, (n <= MR_MAX ? n : MR_MAX), P, T>;
-    ENGINE_TILE_CASE(1) ENGINE_TILE_CASE(2) ENGINE_TILE_CASE(3) ENGINE_TILE_CASE(4)
-    ENGINE_TILE_CASE(5) ENGINE_TILE_CASE(6) ENGINE_TILE_CASE(7) ENGINE_TILE_CASE(8)
-    ENGINE_TILE_CASE(9) ENGINE_TILE_CASE(10) ENGINE_TILE_CASE(11) ENGINE_TILE_CASE(12)
-    ENGINE_TILE_CASE(13) ENGINE_TILE_CASE(14) ENGINE_TILE_CASE(15)
-#undef ENGINE_TILE_CASE
-    default:
-      return &linear_tile<Tile, MR_MAX, P, T>;
-  }
+  return tile_for_rows<MR_MAX>(mr, []<int R>() { return &linear_tile<Tile, R, P, T>; });
 }
 
 // The weight holds Tile::KP k values per step: [ceil(N/16), steps, 16, KP].

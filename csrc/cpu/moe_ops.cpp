@@ -30,9 +30,7 @@ void fused_moe(at::Tensor& out, const at::Tensor& input, const at::Tensor& w13,
   const char* op = "fused_moe";
   auto dt = dtype_of(input, at::kCPU, op, "input");
   check_like(out, input, op, "out", "input");
-  TORCH_CHECK_VALUE(input.dim() == 2 && input.stride(1) == 1, op,
-                    ": input must be 2-D with a contiguous last dimension, got shape ",
-                    input.sizes(), " and strides ", input.strides());
+  check_matrix_input(input, op);
   const int64_t T = input.size(0), H = input.size(1), I = intermediate;
   TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == T && out.size(1) == H && out.stride(1) == 1,
                     op, ": out must be [", T, ", ", H, "] with a contiguous last dimension, got ",

@@ -1,5 +1,6 @@
-// rotary_embedding: neox style with explicit vectors on x86 (cpu_types_x86.h),
-// the rest (GPT-J style, the generic path) as portable `omp simd` loops.
+// rotary_embedding: neox style with explicit vectors (cpu_types_x86.h,
+// arm/cpu_types_arm.h), the rest (GPT-J style, the generic path) as portable
+// `omp simd` loops, GPT-J's led by vectors where the ISA deinterleaves pairs.
 #pragma once
 
 #include <stdint.h>
@@ -88,8 +89,16 @@ void rotary_t(const int64_t* positions, T* x, const T* cache, int64_t tokens,
           v[i + half] = Elem<T>::store(x2 * c + x1 * s);
         }
       } else {
+        int64_t i0 = 0;
+#ifdef ENGINE_VEC_DEINTERLEAVE  // NEON: W pairs at a time with LD2/ST2
+        for (; i0 + W <= half; i0 += W) {
+          VecF c = vload(cos_p + i0), s = vload(sin_p + i0), x1, x2;
+          vload_deinterleave(v + 2 * i0, x1, x2);
+          vstore_interleave(v + 2 * i0, vfnma(x2, s, vmul(x1, c)), vfma(x1, s, vmul(x2, c)));
+        }
+#endif
 #pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
+        for (int64_t i = i0; i < half; ++i) {
           float c = Elem<T>::load(cos_p[i]);
           float s = Elem<T>::load(sin_p[i]);
           float x1 = Elem<T>::load(v[2 * i]);

@@ -34,6 +34,27 @@ inline void pack_rows(A* a, int64_t M, int64_t steps, Load load) {
   }
 }
 
+// The microkernel instance for a tile of mr rows, from those compiled per
+// row count: make.template operator()<R>() for R = mr up to 15 (capped at
+// MR_MAX), MR_MAX above. A switch, not std::integer_sequence: kernels include
+// only C headers (kernels.h). make: a template lambda, []<int R>() { return
+// &tile<..., R>; }.
+template <int MR_MAX, typename Make>
+inline auto tile_for_rows(int mr, Make make) {
+  switch (mr) {
+#define ENGINE_TILE_CASE(n) \
+  case n:                   \
+    return make.template operator()<(n <= MR_MAX ? n : MR_MAX)>();
+    ENGINE_TILE_CASE(1) ENGINE_TILE_CASE(2) ENGINE_TILE_CASE(3) ENGINE_TILE_CASE(4)
+    ENGINE_TILE_CASE(5) ENGINE_TILE_CASE(6) ENGINE_TILE_CASE(7) ENGINE_TILE_CASE(8)
+    ENGINE_TILE_CASE(9) ENGINE_TILE_CASE(10) ENGINE_TILE_CASE(11) ENGINE_TILE_CASE(12)
+    ENGINE_TILE_CASE(13) ENGINE_TILE_CASE(14) ENGINE_TILE_CASE(15)
+#undef ENGINE_TILE_CASE
+    default:
+      return make.template operator()<MR_MAX>();
+  }
+}
+
 #ifdef ENGINE_VEC_WIDTH
 // The tile's results (floats, tile_cols per row) to out, columns [n0, n0 + cols).
 template <typename T>

@@ -64,12 +64,8 @@ void wna16_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& pa
   const char* op = "wna16_linear";
   auto dt = checks::dtype_of(input, at::kCPU, op, "input");
   checks::check_like(out, input, op, "out", "input");
-  TORCH_CHECK_VALUE(input.dim() == 2 && input.stride(1) == 1, op,
-                    ": input must be 2-D with a contiguous last dimension, got shape ",
-                    input.sizes(), " and strides ", input.strides());
-  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == input.size(0) && out.stride(1) == 1, op,
-                    ": out must be [", input.size(0), ", N] with a contiguous last dimension, "
-                    "got shape ", out.sizes());
+  checks::check_matrix_input(input, op);
+  checks::check_matrix_out(out, input, op);
   const int64_t M = input.size(0), K = input.size(1), N = out.size(1);
   check_packed(op, packed_weight, scales, zeros, bits, group_size, N, K);
   const auto& t = table_or_fail(op);

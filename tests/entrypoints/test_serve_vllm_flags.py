@@ -59,9 +59,9 @@ def test_a_vllm_command_line_parses():
 
     p = argparse.ArgumentParser(prog="engine")
     sub = p.add_subparsers(dest="command", required=True)
-    from engine.cli import _serve_parser
+    from engine.entrypoints.cli import serve
 
-    _serve_parser(sub)
+    serve.add_parser(sub)
     args = _parse(p, sub, ["serve", "m", *VLLM_ARGV])
     assert (args.trust_remote_code, args.seed, args.max_logprobs) == (True, 7, 25)
     assert args.served_model_name == ["served"] and args.enable_log_requests

@@ -83,6 +83,59 @@ inline void vstore_pair_rounded(T* p, VecF& a, VecF& b) {
 }
 // A cache line toward L1 ahead of its use (PRFM PLDL1KEEP).
 inline void vprefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+// Interleaved (GPT-J) pairs: 2 * W values as the W first and the W second of
+// each pair, and back (LD2/ST2); rotary_t's GPT-J loop takes them where the ISA
+// has them (ENGINE_VEC_DEINTERLEAVE).
+#define ENGINE_VEC_DEINTERLEAVE 1
+inline void vload_deinterleave(const float* p, VecF& a, VecF& b) {
+  const float32x4x2_t v = vld2q_f32(p);
+  a = v.val[0];
+  b = v.val[1];
+}
+inline void vload_deinterleave(const uint16_t* p, VecF& a, VecF& b) {
+  const uint16x4x2_t h = vld2_u16(p);
+  a = bf16x4_to_f32(h.val[0]);
+  b = bf16x4_to_f32(h.val[1]);
+}
+inline void vstore_interleave(float* p, VecF a, VecF b) { vst2q_f32(p, float32x4x2_t{{a, b}}); }
+inline void vstore_interleave(uint16_t* p, VecF a, VecF b) {
+  vst2_u16(p, uint16x4x2_t{{f32_to_bf16x4(a), f32_to_bf16x4(b)}});
+}
+
+// ---- math --------------------------------------------------------------------
+
+// exp(x), Cephes' expf polynomial (the same as scalar.h's fast_exp), relative
+// error about 1e-7 over the clamped range; no libm vector call.
+inline VecF vexp(VecF x) {
+  x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.3f)), vdupq_n_f32(88.3f));
+  const VecF shifter = vdupq_n_f32(12582912.0f);
+  VecF kn = vfmaq_f32(shifter, x, vdupq_n_f32(1.44269504088896341f));
+  int32x4_t n = vreinterpretq_s32_u32(
+      vsubq_u32(vreinterpretq_u32_f32(kn), vreinterpretq_u32_f32(shifter)));
+  VecF k = vsubq_f32(kn, shifter);
+  VecF r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
+  r = vfmaq_f32(r, k, vdupq_n_f32(2.12194440e-4f));
+  VecF p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  VecF y = vaddq_f32(vfmaq_f32(r, vmulq_f32(p, r), r), vdupq_n_f32(1.0f));
+  int32x4_t scale = vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23);
+  return vmulq_f32(y, vreinterpretq_f32_s32(scale));
+}
+
+// silu(x) = x / (1 + exp(-x)); -x clamped at 69 (the result is ~0 there). NEON
+// divides (x86 vectorizes scalar.h's silu, whose Newton reciprocal is cheaper
+// than its vector division): activation_impl.h takes this one where
+// ENGINE_VEC_SILU is set, for every element of the row, tail included.
+#define ENGINE_VEC_SILU 1
+inline VecF vsilu(VecF x) {
+  VecF nx = vminq_f32(vnegq_f32(x), vdupq_n_f32(69.0f));
+  return vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), vexp(nx)));
+}
+inline float vfirst(VecF v) { return vgetq_lane_f32(v, 0); }
 
 }  // namespace
 }  // namespace engine::cpu

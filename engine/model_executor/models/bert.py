@@ -138,25 +138,31 @@ class BertModel(CausalLM):
         return []  # no KV cache
 
 
-class BertForSequenceClassification(BertModel):
-    """BERT with its pooler (dense + tanh over [CLS]) and classifier: one
-    logit per label (one, for a cross-encoder's relevance score)."""
+class SequenceClassifier(BertModel):
+    """A BERT-family encoder with a sequence-classification head over its
+    first token: dense + tanh, then out_proj to one logit per label (one, for
+    a cross-encoder's relevance score). Each family names the two layers in
+    its checkpoints its own way (head_map); RoBERTa's mixes this in above
+    RobertaModel."""
 
     def __init__(self, c: ModelConfig, dtype: torch.dtype):
         super().__init__(c, dtype)
         h = c.hidden_size
-        self.pooler = Linear(h, h, True, dtype)
-        self.classifier = Linear(h, num_labels(c), True, dtype)
+        self.dense = Linear(h, h, True, dtype)
+        self.out_proj = Linear(h, num_labels(c), True, dtype)
 
     def classify(self, first_token: torch.Tensor) -> torch.Tensor:
         """Logits of each sequence from its first token's hidden state."""
-        return self.classifier(torch.tanh(self.pooler(first_token)))
+        return self.out_proj(torch.tanh(self.dense(first_token)))
+
+
+class BertForSequenceClassification(SequenceClassifier):
+    """BERT's head: its pooler (dense + tanh over [CLS]) and classifier."""
 
     def head_map(self) -> dict:
-        return {f"{self.prefix}pooler.dense.weight": ("pooler.weight", None),
-                f"{self.prefix}pooler.dense.bias": ("pooler.bias", None),
-                "classifier.weight": ("classifier.weight", None),
-                "classifier.bias": ("classifier.bias", None)}
+        return {f"{self.prefix}pooler.dense.{kind}": (f"dense.{kind}", None)
+                for kind in ("weight", "bias")} | \
+               {f"classifier.{kind}": (f"out_proj.{kind}", None) for kind in ("weight", "bias")}
 
 
 def num_labels(c: ModelConfig) -> int:

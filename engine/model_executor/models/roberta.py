@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import ModelConfig
-from engine.model_executor.layers.linear import Linear
-from engine.model_executor.models.bert import BertModel, num_labels
+from engine.model_executor.models.bert import BertModel, SequenceClassifier
 
 
 def position_offset(c: ModelConfig) -> int:
@@ -26,15 +25,8 @@ class RobertaModel(BertModel):
         super().__init__(c, dtype)
 
 
-class RobertaForSequenceClassification(RobertaModel):
-    def __init__(self, c: ModelConfig, dtype: torch.dtype):
-        super().__init__(c, dtype)
-        h = c.hidden_size
-        self.dense = Linear(h, h, True, dtype)
-        self.out_proj = Linear(h, num_labels(c), True, dtype)
-
-    def classify(self, first_token: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(torch.tanh(self.dense(first_token)))
+class RobertaForSequenceClassification(SequenceClassifier, RobertaModel):
+    """RoBERTa's head: classifier.dense + tanh + classifier.out_proj over <s>."""
 
     def head_map(self) -> dict:
         return {f"classifier.{name}.{kind}": (f"{name}.{kind}", None)

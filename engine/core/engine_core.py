@@ -21,6 +21,7 @@ from engine.distributed.parallel_state import RankDiedError
 from engine.engine_args import EngineConfig, create_engine_config
 from engine.executor.select import make_executor
 from engine.pooling_params import NO_SAMPLING
+from engine.spec_decode.draft_model_proposer import DraftModelProposer
 from engine.spec_decode.metrics import SpecDecodingStats
 from engine.spec_decode.ngram_proposer import NgramProposer
 from engine.structured_output import StructuredOutputManager, StructuredOutputsConfig
@@ -49,7 +50,11 @@ class EngineCore:
                                        c.max_model_len)
         self.executor = make_executor(c, self.blocks)
         spec = c.speculative_config
-        self.drafter = NgramProposer(spec, c.max_model_len) if spec else None
+        self.drafter: NgramProposer | DraftModelProposer | None = None
+        if spec is not None and spec.model is not None:
+            self.drafter = DraftModelProposer(spec, c)
+        elif spec is not None:
+            self.drafter = NgramProposer(spec, c.max_model_len)
         if spec:
             self.scheduler.spec_stats = SpecDecodingStats.for_tokens(spec.num_speculative_tokens)
         self.structured_output = StructuredOutputManager(

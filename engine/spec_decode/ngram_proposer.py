@@ -49,6 +49,15 @@ def speculable(seq: Sequence) -> bool:
             and p.repetition_penalty == 1.0)
 
 
+def draft_budget(seq: Sequence, k: int, max_model_len: int) -> int:
+    """How many drafts the sequence's next step may verify: none unless it
+    decodes (all its tokens but the last computed) and its sampling is
+    speculable; never past its max_tokens or the model's context."""
+    if seq.num_computed_tokens != len(seq) - 1 or not speculable(seq):
+        return 0
+    return min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_model_len - len(seq))
+
+
 class NgramProposer:
     def __init__(self, config: SpeculativeConfig, max_model_len: int):
         self.k, self.max_model_len = config.num_speculative_tokens, max_model_len
@@ -68,13 +77,8 @@ class NgramProposer:
         return buf[:len(seq)]
 
     def propose(self, seq: Sequence) -> list[int]:
-        """The drafts for the sequence's next step: none unless it decodes
-        (all its tokens but the last computed); never past its max_tokens
-        or the model's context."""
-        if seq.num_computed_tokens != len(seq) - 1 or not speculable(seq):
-            return []
-        k = min(self.k, seq.params.max_tokens - seq.num_output_tokens - 1,
-                self.max_model_len - len(seq))
+        """The drafts for the sequence's next step (draft_budget's count at most)."""
+        k = draft_budget(seq, self.k, self.max_model_len)
         if k <= 0:
             return []
         return find_draft(self._context(seq), self.lookup_min, self.lookup_max, k)

@@ -35,7 +35,11 @@ ENGINE = dict(dtype="float32", block_size=32, num_kv_blocks=64, max_model_len=10
     ({"method": "ngram", "num_speculative_tokens": 0}, "'num_speculative_tokens'"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
       "prompt_lookup_max": 2}, "'prompt_lookup_min'"),
-    ({"model": "/some/draft", "num_speculative_tokens": 2}, "'model'"),
+    ({"method": "ngram", "model": "/some/draft", "num_speculative_tokens": 2}, "'model'"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "'model'"),
+    ({"model": "/some/draft", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+     "'prompt_lookup_max'"),
+    ({"model": "/some/draft"}, "'num_speculative_tokens'"),
 ])
 def test_bad_config_is_one_line_naming_the_key(given, named):
     with pytest.raises(ValueError) as e:

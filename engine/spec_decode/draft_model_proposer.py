@@ -19,6 +19,7 @@ from engine.sampling_params import SamplingParams
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram_proposer import draft_budget
 
+DRAFT_BLOCK = 32
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -30,8 +31,10 @@ class DraftModelProposer:
 
         assert config.model is not None, "the draft_model method names its model"
         self.k = config.num_speculative_tokens
+        # the smallest blocks: each step the draft recomputes its prompt's last, partial one
+        blocks = target.num_blocks * target.block_size // DRAFT_BLOCK
         self.core = EngineCore(config.model, _DTYPES.get(target.dtype, "auto"),
-                               block_size=target.block_size, num_kv_blocks=target.num_blocks,
+                               block_size=DRAFT_BLOCK, num_kv_blocks=blocks,
                                max_model_len=target.max_model_len,
                                max_num_seqs=target.max_num_seqs, bind_threads=False,
                                enable_prefix_caching=True, seed=target.seed,

@@ -48,6 +48,9 @@ DEGENERATE = [  # (body, status, words in the error)
     ({"prompt": "one", "temperature": 1e-39}, 200, None),
     ({"prompt": "one", "seed": 18446744073709551617}, 400, "seed"),
     ({"prompt": "one", "seed": 2**64 - 1}, 400, "seed"),
+    ({"prompt": "one", "top_k": 10**30}, 400, "top_k: Value error, must be an integer within"),
+    ({"prompt": "one", "top_k": 1e308}, 400, "top_k: Value error, must be an integer within"),
+    ({"prompt": "one", "top_k": 3.0, "max_tokens": 1}, 200, None),  # JSON Schema's integer
     ({"prompt": "one", "temperature": 1e6}, 400, "temperature must be in [0, 2]"),
     ({"prompt": "one", "top_p": 0}, 400, "top_p"),
     ({"prompt": "one", "top_k": -5}, 400, "top_k"),
@@ -218,7 +221,8 @@ def _fuzz_bodies():
     from hypothesis import strategies as st
 
     anything = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
-                         st.floats(allow_nan=False), st.text(max_size=8),
+                         st.floats(allow_nan=False, allow_infinity=False),  # JSON has neither
+                         st.text(max_size=8),
                          st.lists(st.integers(-5, 10**6), max_size=4))
 
     def mostly(plausible):  # an out-of-type value one time in four

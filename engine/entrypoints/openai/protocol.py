@@ -38,6 +38,8 @@ def _whole(value):
     if isinstance(value, (bool, str)):
         raise ValueError("must be an integer, not " + ("true or false" if isinstance(
             value, bool) else "a string"))
+    if isinstance(value, (int, float)) and not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError("must be an integer within 64 bits")  # 1e308, 10**30: no kernel's
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value

@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import gitutil
+from tools import build_settings, gitutil
 from tools.errors import UserError
 from tools.precompiled.fetch import fetch, get_bytes
 from tools.precompiled.select import index_url, pick_wheel
@@ -67,7 +67,7 @@ def _uv() -> str:
 def torch_source_args(variant: str) -> list[str]:
     """Where the wheel's torch comes from: VLLM_TORCH_FIND_LINKS (a folder), or
     the variant's torch index under VLLM_TORCH_INDEX_BASE; PyPI for plain pins."""
-    links = os.environ.get("VLLM_TORCH_FIND_LINKS")
+    links = build_settings.torch_find_links()
     if links:
         return ["--find-links", links]
     v = get_variant(variant)
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         log = (lambda m: print(m, file=sys.stderr)) if a.json else print
         r = bisect(root, a.good, a.bad, a.command, index, variant, log=log)
     except UserError as exc:
-        if os.environ.get("VLLM_DEBUG"):
+        if build_settings.debug():
             raise
         print(f"error: {exc}", file=sys.stderr)
         return ABORT if one else 2

@@ -14,7 +14,7 @@ from functools import wraps
 from scikit_build_core import build as _skbuild
 
 from tools import fingerprint
-from tools.build_settings import BuildSettings, resolve
+from tools.build_settings import BuildSettings, debug, resolve
 from tools.errors import UserError
 from tools.requirements import REPO_ROOT, build_requirements
 from tools.target import torch_requirement
@@ -41,7 +41,7 @@ def _user_errors_exit(hook):
         try:
             return hook(*args, **kwargs)
         except UserError as exc:
-            if os.environ.get("VLLM_DEBUG"):
+            if debug():
                 raise
             print(f"vllm-engine build: error: {exc}", file=sys.stderr)
             raise SystemExit(1) from None

@@ -1,7 +1,11 @@
 """What a build is asked to do, read from the environment in one place.
 
 Build-time variables (VLLM_TARGET_DEVICE, VLLM_USE_PRECOMPILED, MAX_JOBS...)
-are parsed here and nowhere else in tools/; run-time ones live in engine/envs.py.
+are parsed here and nowhere else in tools/ (the other modules call the
+accessors below); run-time ones live in engine/envs.py. Each is documented in
+docs/environment-variables.md. tools.variants is imported inside the functions
+that need it: it reads its own settings (VLLM_MAIN_CUDA_VERSION,
+VLLM_TORCH_INDEX_BASE) through this module.
 """
 from __future__ import annotations
 
@@ -12,12 +16,15 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
 from tools.errors import UserError
 from tools.requirements import REPO_ROOT
-from tools.variants import VARIANTS, Variant, check_device, main_cuda_variant
+
+if TYPE_CHECKING:
+    from tools.variants import Variant
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
@@ -30,6 +37,77 @@ def env_flag(env: Mapping[str, str], name: str) -> bool:
     if value in FALSE:
         return False
     raise UserError(f"{name}={env[name]!r} is not a boolean; use 1/true or 0/false")
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+# ---- each variable, by name (env: os.environ when None) ----------------------
+
+def debug(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_DEBUG set: a tools/ command raises its failure with the traceback."""
+    return bool(_env(env).get("VLLM_DEBUG"))
+
+
+def target_device(env: Mapping[str, str] | None = None) -> str:
+    return _env(env).get("VLLM_TARGET_DEVICE", "").strip()
+
+
+def main_cuda_version(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_MAIN_CUDA_VERSION, "" when unset."""
+    return _env(env).get("VLLM_MAIN_CUDA_VERSION") or ""
+
+
+def torch_index_base(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_TORCH_INDEX_BASE, "" when unset."""
+    return _env(env).get("VLLM_TORCH_INDEX_BASE") or ""
+
+
+def torch_find_links(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_TORCH_FIND_LINKS (a folder of torch wheels), "" when unset."""
+    return _env(env).get("VLLM_TORCH_FIND_LINKS") or ""
+
+
+def detect_root(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_DETECT_ROOT (the file system tools.target probes), "" when unset."""
+    return _env(env).get("VLLM_DETECT_ROOT") or ""
+
+
+def wheel_index(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_WHEEL_INDEX (a team's wheel index), "" when unset."""
+    return _env(env).get("VLLM_WHEEL_INDEX") or ""
+
+
+def precompiled_variant(env: Mapping[str, str] | None = None) -> str:
+    return _env(env).get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
+
+
+def precompiled_location(env: Mapping[str, str] | None = None) -> str:
+    return _env(env).get("VLLM_PRECOMPILED_WHEEL_LOCATION", "").strip()
+
+
+def precompiled_wheel_index(env: Mapping[str, str] | None = None) -> str:
+    return _env(env).get("VLLM_PRECOMPILED_WHEEL_INDEX", "").strip()
+
+
+def precompiled_commit(env: Mapping[str, str] | None = None) -> str:
+    return _env(env).get("VLLM_PRECOMPILED_WHEEL_COMMIT", "").strip()
+
+
+def precompiled_base_ref(env: Mapping[str, str] | None = None) -> str:
+    return _env(env).get("VLLM_PRECOMPILED_BASE_REF", "").strip()
+
+
+def precompiled_cache(env: Mapping[str, str] | None = None) -> str:
+    """VLLM_PRECOMPILED_CACHE (where fetched wheels are kept), "" when unset."""
+    return _env(env).get("VLLM_PRECOMPILED_CACHE") or ""
+
+
+def allow_csrc_changes(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES: only a true value allows (anything
+    else, an unparsable value too, is the safe "no")."""
+    return _env(env).get("VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES", "").strip().lower() in TRUE
 
 
 @dataclass(frozen=True)
@@ -48,6 +126,8 @@ def sdist_variant(root: Path, env: Mapping[str, str]) -> Variant | None:
     """The variant an unpacked sdist was made for, from its PKG-INFO Version
     (None in a git checkout). Version and Requires-Dist of an sdist are fixed
     for its variant, so it builds wheels of that variant only."""
+    from tools.variants import VARIANTS, main_cuda_variant
+
     pkg_info = root / "PKG-INFO"
     if not pkg_info.is_file() or (root / ".git").exists():
         return None
@@ -66,8 +146,8 @@ def target_variant(env: Mapping[str, str], root: Path = REPO_ROOT) -> Variant:
     rocm700 or rocm721) and an unset device are left to tools.target, which
     consults VLLM_MAIN_CUDA_VERSION, then the build environment's torch, then
     the driver. An sdist builds its own variant, and refuses another."""
-    device = env.get("VLLM_TARGET_DEVICE", "").strip()
-    forced = env.get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
+    device = target_device(env)
+    forced = precompiled_variant(env)
     made_for = sdist_variant(root, env)
     if made_for is not None and not device and not forced:
         return made_for
@@ -82,6 +162,8 @@ def target_variant(env: Mapping[str, str], root: Path = REPO_ROOT) -> Variant:
 
 
 def _chosen(env: Mapping[str, str], device: str, forced: str) -> Variant:
+    from tools.variants import VARIANTS, check_device
+
     if device and check_device(device) in ("cpu", "xpu", "empty") and not forced:
         return VARIANTS[device]
     return _detected(tuple(sorted((k, v) for k, v in env.items() if k.startswith(
@@ -99,9 +181,7 @@ def _detected(relevant: tuple[tuple[str, str], ...]) -> Variant:
 
 def resolve(env: Mapping[str, str] | None = None) -> BuildSettings:
     env = os.environ if env is None else env
-    precompiled = env_flag(env, "VLLM_USE_PRECOMPILED") or bool(
-        env.get("VLLM_PRECOMPILED_WHEEL_LOCATION", "").strip()
-    )
+    precompiled = env_flag(env, "VLLM_USE_PRECOMPILED") or bool(precompiled_location(env))
     max_jobs = None
     if env.get("MAX_JOBS", "").strip():
         try:

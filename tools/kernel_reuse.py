@@ -106,13 +106,14 @@ def find(root: Path, index: str, variant: str, env: Mapping[str, str], log=print
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from tools.build_settings import wheel_index
     from tools.requirements import REPO_ROOT
 
     ap = argparse.ArgumentParser(prog="python -m tools.kernel_reuse")
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("find", help="print a reusable wheel's location, or nothing")
     f.add_argument("--variant", required=True)
-    f.add_argument("--index", default=os.environ.get("VLLM_WHEEL_INDEX", ""),
+    f.add_argument("--index", default=wheel_index(),
                    help="wheel index (folder, file:// or http(s)://); default $VLLM_WHEEL_INDEX")
     args = ap.parse_args(argv)
     if not args.index:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from tools import build_settings
 from tools.accelerator import Machine, probe, version_in
 from tools.errors import UserError
 from tools.requirements import REQUIREMENTS_DIR, read_requirements
@@ -73,9 +74,9 @@ def torch_requirement(variant: Variant) -> str:
 
 
 def _cuda_variant(m: Machine, env: Mapping[str, str], reasons: list[str]) -> Variant:
-    if env.get("VLLM_MAIN_CUDA_VERSION"):
-        v = cuda_variant_for(env["VLLM_MAIN_CUDA_VERSION"])
-        reasons.append(f"VLLM_MAIN_CUDA_VERSION={env['VLLM_MAIN_CUDA_VERSION']} selects {v.label}")
+    if asked := build_settings.main_cuda_version(env):
+        v = cuda_variant_for(asked)
+        reasons.append(f"VLLM_MAIN_CUDA_VERSION={asked} selects {v.label}")
     elif m.torch_cuda:
         v = cuda_variant_for(m.torch_cuda, source="torch.version.cuda")
         reasons.append(f"installed torch is built for CUDA {m.torch_cuda}: {v.label}")
@@ -124,8 +125,8 @@ def _rocm_variant(m: Machine, reasons: list[str]) -> Variant:
 
 def choose(m: Machine, env: Mapping[str, str]) -> Target:
     reasons: list[str] = []
-    forced_variant = env.get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
-    forced_device = env.get("VLLM_TARGET_DEVICE", "").strip()
+    forced_variant = build_settings.precompiled_variant(env)
+    forced_device = build_settings.target_device(env)
     if forced_device:
         check_device(forced_device)
     if forced_variant:
@@ -189,7 +190,7 @@ def _detected(m: Machine, device: str) -> str | None:
 
 def detect(env: Mapping[str, str] | None = None, root: str | None = None) -> Target:
     env = os.environ if env is None else env
-    root = root or env.get("VLLM_DETECT_ROOT") or "/"
+    root = root or build_settings.detect_root(env) or "/"
     machine = probe(root, env=env)
     target = choose(machine, env)
     target.reasons[:0] = list(machine.notes)
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         t = detect(root=args.root)
         info = t.as_dict()
     except UserError as exc:
-        if os.environ.get("VLLM_DEBUG"):
+        if build_settings.debug():
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(info, indent=2))
     elif args.commands:
         # VLLM_WHEEL_INDEX names a team's index; else the folder ci/ publishes into.
-        index = os.environ.get("VLLM_WHEEL_INDEX") or DEFAULT_WHEEL_INDEX.as_uri()
+        index = build_settings.wheel_index() or DEFAULT_WHEEL_INDEX.as_uri()
         print("\n".join(install_commands(t, index)))
     else:
         print(f"device:            {info['device']}")

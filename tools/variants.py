@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tools import build_settings
 from tools.errors import UserError
 
 #: Upstream PyTorch's wheel index; VLLM_TORCH_INDEX_BASE overrides it (mirrors,
@@ -72,8 +73,7 @@ VARIANTS: dict[str, Variant] = {
 
 
 def torch_index_base(env: os._Environ[str] | dict[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get("VLLM_TORCH_INDEX_BASE") or DEFAULT_TORCH_INDEX_BASE
+    return build_settings.torch_index_base(env) or DEFAULT_TORCH_INDEX_BASE
 
 
 def get_variant(label: str) -> Variant:
@@ -106,8 +106,7 @@ def cuda_variant_for(version: str, source: str = "VLLM_MAIN_CUDA_VERSION") -> Va
 
 
 def main_cuda_variant(env: Mapping[str, str] | None = None) -> Variant:
-    env = os.environ if env is None else env
-    return cuda_variant_for(env.get("VLLM_MAIN_CUDA_VERSION") or DEFAULT_MAIN_CUDA_VERSION)
+    return cuda_variant_for(build_settings.main_cuda_version(env) or DEFAULT_MAIN_CUDA_VERSION)
 
 
 def is_default_variant(label: str, env: Mapping[str, str] | None = None) -> bool:

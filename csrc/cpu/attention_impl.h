@@ -36,7 +36,25 @@ inline void prefetch_row(const T* cache, const int32_t* table, int64_t t, int64_
       cache_row(cache, table, t, block_size, block_stride, head_off, head_size));
   for (int64_t b = 0; b < head_size * static_cast<int64_t>(sizeof(T)); b += 64) vprefetch(row + b);
 }
+// Token t's row, and the row kAttnAhead tokens on fetched toward L1.
+template <typename T>
+inline const T* row_fetching_ahead(const T* cache, const int32_t* table, int64_t t, int64_t len,
+                                   int64_t block_size, int64_t block_stride, int64_t head_off,
+                                   int64_t head_size) {
+  prefetch_row(cache, table, t + kAttnAhead, len, block_size, block_stride, head_off, head_size);
+  return cache_row(cache, table, t, block_size, block_stride, head_off, head_size);
+}
 #endif
+
+// Token t's row as floats (the portable loops).
+template <typename T>
+inline void load_row(float* row, const T* cache, const int32_t* table, int64_t t,
+                     int64_t block_size, int64_t block_stride, int64_t head_off,
+                     int64_t head_size) {
+  const T* r = cache_row(cache, table, t, block_size, block_stride, head_off, head_size);
+#pragma omp simd
+  for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(r[i]);
+}
 
 template <typename T>
 int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
@@ -90,10 +108,8 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
 #ifdef ENGINE_VEC_WIDTH
       if (vec_heads) {
         for (int64_t t = 0; t < len; ++t) {
-          const T* k = cache_row(key_cache, table, t, block_size, block_stride,
-                                    kh * head_stride, head_size);
-          prefetch_row(key_cache, table, t + kAttnAhead, len, block_size, block_stride,
-                       kh * head_stride, head_size);
+          const T* k = row_fetching_ahead(key_cache, table, t, len, block_size, block_stride,
+                                          kh * head_stride, head_size);
           for (int64_t g = 0; g < group; ++g) {
             const float* qg = q + g * head_size;
             VecF a0 = vset1(0.f), a1 = vset1(0.f);
@@ -107,10 +123,7 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
       } else
 #endif
       for (int64_t t = 0; t < len; ++t) {
-        const T* k = cache_row(key_cache, table, t, block_size, block_stride,
-                                  kh * head_stride, head_size);
-#pragma omp simd
-        for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(k[i]);
+        load_row(row, key_cache, table, t, block_size, block_stride, kh * head_stride, head_size);
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = q + g * head_size;
           float dot = 0.f;
@@ -143,10 +156,8 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
 #ifdef ENGINE_VEC_WIDTH
       if (vec_heads) {
         for (int64_t t = 0; t < len; ++t) {
-          const T* v = cache_row(value_cache, table, t, block_size, block_stride,
-                                    kh * head_stride, head_size);
-          prefetch_row(value_cache, table, t + kAttnAhead, len, block_size, block_stride,
-                       kh * head_stride, head_size);
+          const T* v = row_fetching_ahead(value_cache, table, t, len, block_size, block_stride,
+                                          kh * head_stride, head_size);
           for (int64_t g = 0; g < group; ++g) {
             const VecF p = vset1(logits[g * len + t]);
             float* ag = acc + g * head_size;
@@ -156,10 +167,7 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
       } else
 #endif
       for (int64_t t = 0; t < len; ++t) {
-        const T* v = cache_row(value_cache, table, t, block_size, block_stride,
-                                  kh * head_stride, head_size);
-#pragma omp simd
-        for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(v[i]);
+        load_row(row, value_cache, table, t, block_size, block_stride, kh * head_stride, head_size);
         for (int64_t g = 0; g < group; ++g) {
           const float p = logits[g * len + t];
           float* ag = acc + g * head_size;

@@ -23,44 +23,75 @@ namespace {
 // 16 floats a vector with AVX-512, 8 with AVX2. immintrin.h defines its
 // intrinsics always-inline (gnu_inline): no out-of-line copy can leak into
 // the baseline glue. Other ISAs keep the portable `omp simd` loops below.
+//
+// The wrappers are written once over ENGINE_MM / ENGINE_MMI, which name this
+// width's intrinsic (AVX-512 and AVX2 spell most of them alike but for the
+// prefix); only what differs in substance (horizontal sums, narrowing stores,
+// NaN rounding, shuffles across 128-bit lanes) is written per ISA.
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
 #define ENGINE_VEC_WIDTH 16
-using VecF = __m512;
-using VecI = __m512i;
-inline VecF vset1(float x) { return _mm512_set1_ps(x); }
-inline VecF vadd(VecF a, VecF b) { return _mm512_add_ps(a, b); }
-inline VecF vsub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
-inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
-inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
-inline VecF vfnma(VecF a, VecF b, VecF c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a*b
+#define ENGINE_MM(op) _mm512_##op           // ENGINE_MM(add_ps): _mm512_add_ps
+#define ENGINE_MMI(op) _mm512_##op##_si512  // ENGINE_MMI(and): _mm512_and_si512
+using VecH = __m256i;                       // half a vector: W 16-bit values
+inline VecH vload_h(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m512i vset1_i64(int64_t x) { return _mm512_set1_epi64(x); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ENGINE_VEC_WIDTH 8
+#define ENGINE_MM(op) _mm256_##op
+#define ENGINE_MMI(op) _mm256_##op##_si256
+using VecH = __m128i;
+inline VecH vload_h(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline __m256i vset1_i64(int64_t x) { return _mm256_set1_epi64x(x); }
+#endif
+
+#ifdef ENGINE_VEC_WIDTH
+using VecF = decltype(ENGINE_MM(setzero_ps)());
+using VecI = decltype(ENGINE_MMI(setzero)());
+using VecP = VecI;  // 2 W bfloat16 bits (vpack2, vpack_pair)
+inline VecF vas_float(VecI v) { return reinterpret_cast<VecF>(v); }  // the same bits
+inline VecI vas_int(VecF v) { return reinterpret_cast<VecI>(v); }
+inline VecF vset1(float x) { return ENGINE_MM(set1_ps)(x); }
+inline VecF vadd(VecF a, VecF b) { return ENGINE_MM(add_ps)(a, b); }
+inline VecF vsub(VecF a, VecF b) { return ENGINE_MM(sub_ps)(a, b); }
+inline VecF vmul(VecF a, VecF b) { return ENGINE_MM(mul_ps)(a, b); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return ENGINE_MM(fmadd_ps)(a, b, c); }
+inline VecF vfnma(VecF a, VecF b, VecF c) { return ENGINE_MM(fnmadd_ps)(a, b, c); }  // c - a*b
+inline VecF vload(const float* p) { return ENGINE_MM(loadu_ps)(p); }
+inline void vstore(float* p, VecF v) { ENGINE_MM(storeu_ps)(p, v); }
+inline VecF vbits_to_float(VecI bits) { return vas_float(ENGINE_MM(slli_epi32)(bits, 16)); }
+inline VecF vwiden(VecH h) { return vbits_to_float(ENGINE_MM(cvtepu16_epi32)(h)); }
+inline VecF vload(const uint16_t* p) { return vwiden(vload_h(p)); }
+inline void vstore_p(uint16_t* p, VecP v) { ENGINE_MMI(storeu)(reinterpret_cast<VecI*>(p), v); }
+// float -> bfloat16 bits in the low half of each 32-bit lane, rounded to
+// nearest even; NaN: see vbf16_bits.
+inline VecI vbf16_round(VecF v) {
+  const VecI u = vas_int(v);
+  const VecI lsb = ENGINE_MMI(and)(ENGINE_MM(srli_epi32)(u, 16), ENGINE_MM(set1_epi32)(1));
+  const VecI biased = ENGINE_MM(add_epi32)(ENGINE_MM(add_epi32)(u, ENGINE_MM(set1_epi32)(0x7fff)), lsb);
+  return ENGINE_MM(srli_epi32)(biased, 16);
+}
+#endif
+
+#if ENGINE_VEC_WIDTH == 16
 inline float vsum(VecF a) { return _mm512_reduce_add_ps(a); }
-inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, VecF v) { _mm512_storeu_ps(p, v); }
-inline VecF vload(const uint16_t* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-// float -> bfloat16 bits in the low half of each 32-bit lane: round to nearest
-// even, NaN to the quiet 0x7fc0 (c10::BFloat16's rule, as float_to_bf16 below).
+// NaN to the quiet 0x7fc0 (c10::BFloat16's rule, as float_to_bf16 in scalar.h).
 inline VecI vbf16_bits(VecF v) {
-  VecI u = _mm512_castps_si512(v);
-  VecI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  VecI r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  return _mm512_mask_mov_epi32(vbf16_round(v), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm512_set1_epi32(0x7fc0));
 }
-inline VecF vbits_to_float(VecI bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)); }
 inline void vstore_bits(uint16_t* p, VecI bits) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bits));
 }
 // packus works within 128-bit lanes; one permute puts a's 16 values in the
 // low half and b's in the high half (cheaper than two vpmovdw).
-inline __m512i vpack_bits2(VecI a, VecI b) {
+inline VecP vpack_bits2(VecI a, VecI b) {
   const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
   return _mm512_permutexvar_epi64(order, _mm512_packus_epi32(a, b));
 }
-// a's 16 values and then b's as bfloat16 bits, in one vector.
-using VecP = __m512i;
+inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_extracti64x4_epi64(v, 1));
+}
 #ifdef __AVX512BF16__
 #define ENGINE_BF16_CVT 1
 // vcvtne2ps2bf16 rounds to nearest even as c10::BFloat16 does, but it flushes
@@ -79,9 +110,39 @@ inline void vstore(uint16_t* p, VecF v) {
   else
     vstore_bits(p, vbf16_bits(v));
 }
-inline VecF vwiden(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 inline VecF vwiden_lo(VecP v) { return vwiden(_mm512_castsi512_si256(v)); }
 inline VecF vwiden_hi(VecP v) { return vwiden(_mm512_extracti64x4_epi64(v, 1)); }
+#endif  // __AVX512BF16__
+#elif ENGINE_VEC_WIDTH == 8
+inline float vsum(VecF a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// Without the NaN blend of the AVX-512 path (a third of the work here): NaN
+// still stays NaN, because every value these kernels round is computed from
+// bfloat16 inputs, so a NaN's low 16 mantissa bits are zero (a propagated
+// payload) or it is the default NaN, and adding the rounding bias cannot carry
+// out of its mantissa.
+inline VecI vbf16_bits(VecF v) { return vbf16_round(v); }
+inline void vstore_bits(uint16_t* p, VecI bits) {
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+// Two vectors in one pack: packus works within 128-bit lanes, one permute
+// restores the order (half the shuffles of two vstore_bits).
+inline VecP vpack_bits2(VecI a, VecI b) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+}
+inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_extracti128_si256(v, 1));
+}
+#endif  // ENGINE_VEC_WIDTH
+
+#ifdef ENGINE_VEC_WIDTH
+#ifdef ENGINE_BF16_CVT
 // Pair order (see vload_pair below) is the natural one here: one instruction
 // rounds two vectors in order.
 inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
@@ -92,83 +153,17 @@ inline VecP vpack_pair(VecF a, VecF b) { return vpack2(a, b); }
 #else
 inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
 inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
-// 32 bfloat16 as two float vectors in lane order: a holds elements 0-3, 8-11,
-// 16-19, 24-27, b the others; one packus (no permute) is the inverse.
+// 2 W bfloat16 as two float vectors in lane order: per 128-bit lane, a holds
+// its first 4 elements, b its last 4; one packus (no permute) is the inverse.
 inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
-  const __m512i v = _mm512_loadu_si512(p), zero = _mm512_setzero_si512();
-  a = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
-  b = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+  const VecI v = ENGINE_MMI(loadu)(reinterpret_cast<const VecI*>(p)), zero = ENGINE_MMI(setzero)();
+  a = vas_float(ENGINE_MM(unpacklo_epi16)(zero, v));
+  b = vas_float(ENGINE_MM(unpackhi_epi16)(zero, v));
 }
-inline VecP vpack_pair_bits(VecI a, VecI b) { return _mm512_packus_epi32(a, b); }
+inline VecP vpack_pair_bits(VecI a, VecI b) { return ENGINE_MM(packus_epi32)(a, b); }
 inline VecP vpack_pair(VecF a, VecF b) { return vpack_pair_bits(vbf16_bits(a), vbf16_bits(b)); }
-#endif
-inline void vstore_p(uint16_t* p, VecP v) { _mm512_storeu_si512(p, v); }
-inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(v));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_extracti64x4_epi64(v, 1));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define ENGINE_VEC_WIDTH 8
-using VecF = __m256;
-using VecI = __m256i;
-inline VecF vset1(float x) { return _mm256_set1_ps(x); }
-inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
-inline VecF vsub(VecF a, VecF b) { return _mm256_sub_ps(a, b); }
-inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
-inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
-inline VecF vfnma(VecF a, VecF b, VecF c) { return _mm256_fnmadd_ps(a, b, c); }
-inline float vsum(VecF a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
-inline VecF vload(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-// Round to nearest even without the NaN blend of the AVX-512 path (a third of
-// the work here): NaN still stays NaN, because every value these kernels round
-// is computed from bfloat16 inputs, so a NaN's low 16 mantissa bits are zero
-// (a propagated payload) or it is the default NaN, and adding the rounding
-// bias cannot carry out of its mantissa.
-inline VecI vbf16_bits(VecF v) {
-  VecI u = _mm256_castps_si256(v);
-  VecI lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-}
-inline VecF vbits_to_float(VecI bits) { return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)); }
-inline void vstore_bits(uint16_t* p, VecI bits) {
-  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
-inline void vstore(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
-// Two vectors in one pack: packus works within 128-bit lanes, one permute
-// restores the order (half the shuffles of two vstore_bits).
-inline __m256i vpack_bits2(VecI a, VecI b) {
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-}
-using VecP = __m256i;  // a's 8 values and then b's as bfloat16 bits
-inline VecP vpack2(VecF a, VecF b) { return vpack_bits2(vbf16_bits(a), vbf16_bits(b)); }
-// 16 bfloat16 as two float vectors in lane order: a holds elements 0-3 and
-// 8-11, b 4-7 and 12-15; one packus (no permute) is the inverse.
-inline void vload_pair(const uint16_t* p, VecF& a, VecF& b) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i zero = _mm256_setzero_si256();
-  a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
-  b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
-}
-inline VecP vpack_pair_bits(VecI a, VecI b) { return _mm256_packus_epi32(a, b); }
-inline VecP vpack_pair(VecF a, VecF b) { return vpack_pair_bits(vbf16_bits(a), vbf16_bits(b)); }
-inline void vstore_p(uint16_t* p, VecP v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
-inline void vstore_halves(uint16_t* p, uint16_t* q, VecP v) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(v));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_extracti128_si256(v, 1));
-}
-#endif
+#endif  // ENGINE_BF16_CVT
+#endif  // ENGINE_VEC_WIDTH
 
 #ifdef ENGINE_VEC_WIDTH
 constexpr int64_t W = ENGINE_VEC_WIDTH;

@@ -44,9 +44,31 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_configure(int mr, i
   _tile_loadconfig(&c);
 }
 
-// c[r, 16 i + j] = sum_k q[r, k] W[n, k] for np (1-4) panels from p0. (The full
-// groups and the tail repeat one shape with other tiles: GCC's tile intrinsics
-// stringify their tile numbers, so a template parameter cannot name them.)
+// One group of k steps: activation tile A (from qs) by the np panels' tiles B
+// (from p, a panel every panel_size bytes), added to the sums in tiles 0-3. A
+// macro because GCC's tile intrinsics stringify their tile numbers: neither a
+// function nor a template parameter can name a tile, only a literal can.
+#define ENGINE_AMX_I8_GROUP(A, B, qs, p)                 \
+  do {                                                   \
+    _tile_loadd(A, qs, ldq);                             \
+    _tile_loadd(B, p, 64);                               \
+    _tile_dpbssd(0, A, B);                               \
+    if (np > 1) {                                        \
+      _tile_loadd(B, (p) + panel_size, 64);              \
+      _tile_dpbssd(1, A, B);                             \
+    }                                                    \
+    if (np > 2) {                                        \
+      _tile_loadd(B, (p) + 2 * panel_size, 64);          \
+      _tile_dpbssd(2, A, B);                             \
+    }                                                    \
+    if (np > 3) {                                        \
+      _tile_loadd(B, (p) + 3 * panel_size, 64);          \
+      _tile_dpbssd(3, A, B);                             \
+    }                                                    \
+  } while (0)
+
+// c[r, 16 i + j] = sum_k q[r, k] W[n, k] for np (1-4) panels from p0: the
+// full groups on tiles 4 and 5, the short tail on 6 and 7.
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_block(
     const int8_t* q, int64_t ldq, const int8_t* p0, int64_t panel_size, int np, int64_t full,
     int64_t tail, int32_t* c) {
@@ -56,47 +78,14 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_block(
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t s = 0; s < full; ++s) {
-    const int8_t* p = p0 + s * CHUNK;
-    _tile_loadd(4, q + s * 64, ldq);
-    _tile_loadd(5, p, 64);
-    _tile_dpbssd(0, 4, 5);
-    if (np > 1) {
-      _tile_loadd(5, p + panel_size, 64);
-      _tile_dpbssd(1, 4, 5);
-    }
-    if (np > 2) {
-      _tile_loadd(5, p + 2 * panel_size, 64);
-      _tile_dpbssd(2, 4, 5);
-    }
-    if (np > 3) {
-      _tile_loadd(5, p + 3 * panel_size, 64);
-      _tile_dpbssd(3, 4, 5);
-    }
-  }
-  if (tail > 0) {
-    const int8_t* p = p0 + full * CHUNK;
-    _tile_loadd(6, q + full * 64, ldq);
-    _tile_loadd(7, p, 64);
-    _tile_dpbssd(0, 6, 7);
-    if (np > 1) {
-      _tile_loadd(7, p + panel_size, 64);
-      _tile_dpbssd(1, 6, 7);
-    }
-    if (np > 2) {
-      _tile_loadd(7, p + 2 * panel_size, 64);
-      _tile_dpbssd(2, 6, 7);
-    }
-    if (np > 3) {
-      _tile_loadd(7, p + 3 * panel_size, 64);
-      _tile_dpbssd(3, 6, 7);
-    }
-  }
+  for (int64_t s = 0; s < full; ++s) ENGINE_AMX_I8_GROUP(4, 5, q + s * 64, p0 + s * CHUNK);
+  if (tail > 0) ENGINE_AMX_I8_GROUP(6, 7, q + full * 64, p0 + full * CHUNK);
   _tile_stored(0, c, LDC);
   _tile_stored(1, c + kPanel, LDC);
   _tile_stored(2, c + 2 * kPanel, LDC);
   _tile_stored(3, c + 3 * kPanel, LDC);
 }
+#undef ENGINE_AMX_I8_GROUP
 
 // False (nothing written) when its scratch cannot be allocated.
 template <typename T>

@@ -64,27 +64,15 @@ struct I8Vnni {
 // 2c + 1 its k2, k3 ones.
 struct I8Widen {
   using A = uint64_t;
-#if ENGINE_VEC_WIDTH == 16
-  using V = __m512i;
-  static constexpr int CH = 2;
-  static V broadcast(A a) { return _mm512_set1_epi64(static_cast<long long>(a)); }
-  static V add(V a, V b) { return _mm512_add_epi32(a, b); }
+  using V = VecI;
+  static constexpr int CH = 32 / W;  // 2 W bytes a vector
+  static V broadcast(A a) { return vset1_i64(static_cast<int64_t>(a)); }
+  static V add(V a, V b) { return ENGINE_MM(add_epi32)(a, b); }
   static V madd(V acc, V a, const int8_t* p, int ch) {
-    const V w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * ch)));
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, w));
+    const V w = ENGINE_MM(cvtepi8_epi16)(vload_h(p + 2 * W * ch));
+    return ENGINE_MM(add_epi32)(acc, ENGINE_MM(madd_epi16)(a, w));
   }
-  static void store(int32_t* o, V v) { _mm512_storeu_si512(o, v); }
-#else
-  using V = __m256i;
-  static constexpr int CH = 4;
-  static V broadcast(A a) { return _mm256_set1_epi64x(static_cast<long long>(a)); }
-  static V add(V a, V b) { return _mm256_add_epi32(a, b); }
-  static V madd(V acc, V a, const int8_t* p, int ch) {
-    const V w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * ch)));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, w));
-  }
-  static void store(int32_t* o, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), v); }
-#endif
+  static void store(int32_t* o, V v) { ENGINE_MMI(storeu)(reinterpret_cast<V*>(o), v); }
   static A load_a(const int8_t* q, int64_t s, int64_t K) {
     uint64_t v = 0;
     for (int j = 0; j < 4; ++j) {

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <iterator>
 #include <string>
 
 #include "../ops.h"
@@ -48,68 +49,59 @@ bool cpu_has_bf16() {
 }
 #endif
 
-const KernelTable* table_for(const std::string& name) {
+// The compiled tables, preferred first: auto takes the first this CPU runs; a
+// name takes its own entry, refused (with `missing`) on a CPU that lacks it.
+struct Isa {
+  const char* name;
+  const KernelTable* (*table)();
+  bool (*supported)();  // nullptr: every CPU of the architecture
+  const char* missing;  // why this CPU cannot run it
+};
+const Isa kIsas[] = {
 #ifdef ENGINE_HAS_AVX512_BF16
-  if (name == "avx512_bf16") {
-    TORCH_CHECK(cpu_has_avx512_bf16(),
-                "the avx512_bf16 kernels were requested but this processor does not "
-                "support AVX512_BF16; unset VLLM_CPU_ISA or set it to avx512 or avx2");
-    return kernels_avx512_bf16();
-  }
+    {"avx512_bf16", kernels_avx512_bf16, cpu_has_avx512_bf16,
+     "the avx512_bf16 kernels were requested but this processor does not "
+     "support AVX512_BF16; unset VLLM_CPU_ISA or set it to avx512 or avx2"},
 #endif
 #ifdef ENGINE_HAS_AVX512
-  if (name == "avx512") {
-    TORCH_CHECK(cpu_has_avx512(),
-                "the avx512 kernels were requested but this processor does not "
-                "support AVX-512 (F/BW/VL/DQ); unset VLLM_CPU_ISA or set it to avx2");
-    return kernels_avx512();
-  }
+    {"avx512", kernels_avx512, cpu_has_avx512,
+     "the avx512 kernels were requested but this processor does not "
+     "support AVX-512 (F/BW/VL/DQ); unset VLLM_CPU_ISA or set it to avx2"},
 #endif
 #ifdef ENGINE_HAS_AVX2
-  if (name == "avx2") {
-    TORCH_CHECK(cpu_has_avx2(),
-                "this processor lacks AVX2/FMA, which the x86 build of vllm-engine needs "
-                "at least; use a machine with AVX2 or VLLM_TARGET_DEVICE=empty");
-    return kernels_avx2();
-  }
+    {"avx2", kernels_avx2, cpu_has_avx2,
+     "this processor lacks AVX2/FMA, which the x86 build of vllm-engine needs "
+     "at least; use a machine with AVX2 or VLLM_TARGET_DEVICE=empty"},
 #endif
 #ifdef ENGINE_HAS_NEON_BF16
-  if (name == "neon_bf16") {
-    TORCH_CHECK(cpu_has_bf16(),
-                "the neon_bf16 kernels were requested but this processor lacks the BF16 "
-                "extension; unset VLLM_CPU_ISA or set it to neon");
-    return kernels_neon_bf16();
-  }
+    {"neon_bf16", kernels_neon_bf16, cpu_has_bf16,
+     "the neon_bf16 kernels were requested but this processor lacks the BF16 "
+     "extension; unset VLLM_CPU_ISA or set it to neon"},
 #endif
 #ifdef ENGINE_HAS_NEON
-  if (name == "neon") return kernels_neon();
+    {"neon", kernels_neon, nullptr, ""},
 #endif
 #ifdef ENGINE_HAS_GENERIC
-  if (name == "generic") return kernels_generic();
+    {"generic", kernels_generic, nullptr, ""},
 #endif
+};
+
+const KernelTable* table_for(const std::string& name) {
+  for (const Isa& e : kIsas) {
+    if (name != e.name) continue;
+    TORCH_CHECK(e.supported == nullptr || e.supported(), e.missing);
+    return e.table();
+  }
   TORCH_CHECK(false, "CPU ISA '", name, "' is not compiled into this build of vllm-engine; "
               "valid values: auto, ", compiled_isas());
 }
 
+// The first table this CPU runs; where none, the last one's refusal (x86:
+// AVX2 is the least the build needs).
 const KernelTable* auto_table() {
-#ifdef ENGINE_HAS_AVX512_BF16
-  if (cpu_has_avx512_bf16()) return kernels_avx512_bf16();
-#endif
-#ifdef ENGINE_HAS_AVX512
-  if (cpu_has_avx512()) return kernels_avx512();
-#endif
-#ifdef ENGINE_HAS_NEON_BF16
-  if (cpu_has_bf16()) return kernels_neon_bf16();
-#endif
-#ifdef ENGINE_HAS_AVX2
-  return table_for("avx2");
-#elif defined(ENGINE_HAS_NEON)
-  return kernels_neon();
-#elif defined(ENGINE_HAS_GENERIC)
-  return kernels_generic();
-#else
-  TORCH_CHECK(false, "no CPU kernels usable on this processor were compiled in");
-#endif
+  for (const Isa& e : kIsas)
+    if (e.supported == nullptr || e.supported()) return e.table();
+  return table_for(std::end(kIsas)[-1].name);
 }
 
 std::atomic<const KernelTable*> current{nullptr};
@@ -139,25 +131,7 @@ std::string select_isa(const std::string& name) {
 
 std::string compiled_isas() {
   std::string out;
-  auto add = [&out](const char* s) { out += out.empty() ? s : std::string(",") + s; };
-#ifdef ENGINE_HAS_AVX512_BF16
-  add("avx512_bf16");
-#endif
-#ifdef ENGINE_HAS_AVX512
-  add("avx512");
-#endif
-#ifdef ENGINE_HAS_AVX2
-  add("avx2");
-#endif
-#ifdef ENGINE_HAS_NEON_BF16
-  add("neon_bf16");
-#endif
-#ifdef ENGINE_HAS_NEON
-  add("neon");
-#endif
-#ifdef ENGINE_HAS_GENERIC
-  add("generic");
-#endif
+  for (const Isa& e : kIsas) out += (out.empty() ? "" : ",") + std::string(e.name);
   return out;
 }
 

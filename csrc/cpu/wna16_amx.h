@@ -112,7 +112,7 @@ __attribute__((target("amx-tile,amx-bf16"))) bool linear_amx_t(
           uint16_t* o = out + (m0 + r) * ldo + n0;
           const float* cr = c + r * NP * NR;
           int64_t j = 0;
-          for (; j + NR <= cols; j += NR) store_bf16(o + j, vload(cr + j));
+          for (; j + NR <= cols; j += NR) store_w(o + j, vload(cr + j));
           for (; j < cols; ++j) o[j] = float_to_bf16(cr[j]);
         }
       }

@@ -78,14 +78,11 @@ void wna16_tile(const float* a, const uint32_t* panel, const float* scales, cons
   }
 }
 
-template <int BITS>
-using TileFn = void (*)(const float*, const uint32_t*, const float*, const uint8_t*, int64_t,
+// A tile kernel for some rows: x staged as A (floats, or bfloat16 pairs), the
+// panel, its scales and zeros, groups, steps a group, the float tile.
+template <typename A>
+using TileFn = void (*)(const A*, const uint32_t*, const float*, const uint8_t*, int64_t,
                         int64_t, float*);
-
-template <int BITS>
-TileFn<BITS> tile_fn(int mr) {
-  return tile_for_rows<MR_MAX>(mr, []<int R>() { return &wna16_tile<BITS, R>; });
-}
 
 #ifdef __AVX512BF16__
 // bfloat16 x from PAIRS_MIN_M rows, where the float FMAs above bound the
@@ -139,15 +136,6 @@ void wna16_tile_pairs(const uint32_t* a, const uint32_t* panel, const float* sca
   }
 }
 
-template <int BITS>
-using PairsFn = void (*)(const uint32_t*, const uint32_t*, const float*, const uint8_t*, int64_t,
-                         int64_t, float*);
-
-template <int BITS>
-PairsFn<BITS> pairs_fn(int mr) {
-  return tile_for_rows<MR_MAX>(mr, []<int R>() { return &wna16_tile_pairs<BITS, R>; });
-}
-
 // x for wna16_tile_pairs: bfloat16 (k, k + 1) pairs, each pre-scaled.
 template <int BITS>
 struct PairA {
@@ -164,7 +152,9 @@ struct PairA {
     }
     return pair;
   }
-  static PairsFn<BITS> tile(int mr) { return pairs_fn<BITS>(mr); }
+  static TileFn<A> tile(int mr) {
+    return tile_for_rows<MR_MAX>(mr, []<int R>() { return &wna16_tile_pairs<BITS, R>; });
+  }
 };
 #endif
 
@@ -176,7 +166,9 @@ struct FloatA {
   static A stage(const T* xr, int64_t k, int64_t K, const float* pre) {
     return k < K ? Elem<T>::load(xr[k]) * pre[k % (32 / BITS)] : 0.f;
   }
-  static TileFn<BITS> tile(int mr) { return tile_fn<BITS>(mr); }
+  static TileFn<A> tile(int mr) {
+    return tile_for_rows<MR_MAX>(mr, []<int R>() { return &wna16_tile<BITS, R>; });
+  }
 };
 
 // S: how x is staged for the tile kernel (FloatA, or PairA's k pairs).

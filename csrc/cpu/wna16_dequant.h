@@ -10,23 +10,16 @@
 namespace engine::cpu {
 namespace {
 
-inline void store_row(float* p, VecF v, int64_t cols) {
+// The first cols (1 to W) of v to p.
+template <typename T>
+inline void store_row(T* p, VecF v, int64_t cols) {
   if (cols == W) {
-    vstore(p, v);
+    store_w(p, v);
     return;
   }
   alignas(64) float t[W];
   vstore(t, v);
-  for (int64_t c = 0; c < cols; ++c) p[c] = t[c];
-}
-inline void store_row(uint16_t* p, VecF v, int64_t cols) {
-  if (cols == W) {
-    store_bf16(p, v);
-    return;
-  }
-  alignas(64) float t[W];
-  vstore(t, v);
-  for (int64_t c = 0; c < cols; ++c) p[c] = float_to_bf16(t[c]);
+  for (int64_t c = 0; c < cols; ++c) p[c] = Elem<T>::store(t[c]);
 }
 
 template <int BITS, typename T>

@@ -57,8 +57,10 @@ inline void store_pair(uint32_t* p, VecF lo, VecF hi) {
 }
 constexpr int MR_MAX = 4;  // 16 registers: 8 accumulators, the weight, zero points, mask
 #endif
-// W floats to bfloat16, rounded to nearest even (dequantised weights: finite)
-inline void store_bf16(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
+// W dequantised weights as T; bfloat16 rounded to nearest even by the
+// integer rounding (the weights are finite).
+inline void store_w(float* p, VecF v) { vstore(p, v); }
+inline void store_w(uint16_t* p, VecF v) { vstore_bits(p, vbf16_bits(v)); }
 constexpr int CH = NR / W;  // vectors a panel row
 
 }  // namespace

@@ -22,6 +22,13 @@ class RankDiedError(RuntimeError):
     """A tensor-parallel rank is gone; the engine cannot step again."""
 
 
+def raise_if_dead(dead: str | None) -> None:
+    """An executor's health check: once a rank has died (dead names it), every
+    later step fails with that one line."""
+    if dead is not None:
+        raise RankDiedError(dead)
+
+
 @dataclass(frozen=True)
 class DistInit:
     """How a rank joins the group: the address of rank 0's TCP store."""

@@ -24,7 +24,7 @@ import msgspec
 
 from engine.core.engine_core import EngineCore
 from engine.core.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from engine.distributed.parallel_state import RankDiedError, replica_bindings
+from engine.distributed.parallel_state import RankDiedError, raise_if_dead, replica_bindings
 from engine.engine_args import create_engine_config
 from engine.executor import dp_replica
 from engine.spawn import main_not_rerun
@@ -127,8 +127,7 @@ class DPEngineCore:
             for rank, proc in enumerate(self.procs):
                 if not proc.is_alive():
                     self.dead = f"data-parallel rank {rank} died (exit code {proc.exitcode})"
-        if self.dead is not None:
-            raise RankDiedError(self.dead)
+        raise_if_dead(self.dead)
 
     def make_stats(self, stepped: list[SchedulerStats] | None = None) -> SchedulerStats:
         """The replicas' schedulers and KV caches summed (usage: their mean),

@@ -19,7 +19,13 @@ from multiprocessing.connection import wait
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.distributed import parallel_state
-from engine.distributed.parallel_state import DistInit, RankDiedError, free_port, replica_bindings
+from engine.distributed.parallel_state import (
+    DistInit,
+    RankDiedError,
+    free_port,
+    raise_if_dead,
+    replica_bindings,
+)
 from engine.engine_args import EngineConfig
 from engine.platforms import cpu_binding, cpu_preload
 from engine.spawn import main_not_rerun
@@ -102,8 +108,7 @@ class MultiprocExecutor:
             parallel_state.abort_collectives()  # a rank waiting on it in shared memory raises
 
     def check_health(self) -> None:
-        if self.dead is not None:
-            raise RankDiedError(self.dead)
+        raise_if_dead(self.dead)
 
     def execute_model(self, seqs: list[Sequence], is_prefill: bool,
                       bitmask=None) -> list[int]:

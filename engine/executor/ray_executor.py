@@ -15,7 +15,7 @@ import torch
 from engine import envs
 from engine.core.kv_cache_manager import BlockManager
 from engine.core.sequence import Sequence
-from engine.distributed.parallel_state import RankDiedError
+from engine.distributed.parallel_state import RankDiedError, raise_if_dead
 from engine.engine_args import EngineConfig
 from engine.worker.input_batch import InputBatch
 from engine.worker.model_runner import ModelRunner, prepare_inputs, sample_step
@@ -120,8 +120,7 @@ class RayExecutor:
                                 f"{str(exc).splitlines()[0]}") from None
 
     def check_health(self) -> None:
-        if self.dead is not None:
-            raise RankDiedError(self.dead)
+        raise_if_dead(self.dead)
 
     def execute_model(self, seqs: list[Sequence], is_prefill: bool,
                       bitmask=None) -> list[int]:

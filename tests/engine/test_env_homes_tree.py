@@ -42,19 +42,10 @@ def _stray(top: str) -> list[str]:
     return [f"{f}:{line} reads {name}" for f, line, name in reads(top) if f != HOMES[top]]
 
 
-@pytest.mark.parametrize("top", ["engine", "wheel_index", "benchmarks"])
+@pytest.mark.parametrize("top", ["engine", "wheel_index", "benchmarks", "tools"])
 def test_each_folder_reads_its_variables_in_its_home_only(top):
     stray = _stray(top)
     assert not stray, f"read these through {HOMES[top] or 'engine/envs.py'}: " + "; ".join(stray)
-
-
-@pytest.mark.xfail(strict=True, reason="tools/ still reads build variables in several modules "
-                   "(target.py, variants.py, precompiled/, bisect.py, kernel_reuse.py, "
-                   "build_backend.py) besides tools/build_settings.py, which says it is the only "
-                   "one: move them there, then drop this mark")
-def test_tools_reads_its_variables_in_build_settings_only():
-    stray = _stray("tools")
-    assert not stray, "read these through tools/build_settings.py: " + "; ".join(stray)
 
 
 def test_every_variable_read_is_documented():

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from tools.build_settings import precompiled_cache
 from tools.errors import UserError
 from tools.hashing import sha256_file
 
@@ -17,8 +18,8 @@ TIMEOUT = (10, 120)  # connect, read (seconds)
 
 
 def cache_dir(env: Mapping[str, str]) -> Path:
-    if env.get("VLLM_PRECOMPILED_CACHE"):
-        return Path(env["VLLM_PRECOMPILED_CACHE"])
+    if precompiled_cache(env):
+        return Path(precompiled_cache(env))
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "vllm-engine" / "precompiled"
 

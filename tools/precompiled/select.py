@@ -26,7 +26,7 @@ from urllib.parse import unquote
 
 from packaging.tags import sys_tags
 
-from tools import gitutil
+from tools import build_settings, gitutil
 from tools.errors import UserError
 from tools.precompiled.fetch import get_bytes, local_path
 from tools.target import detect
@@ -50,7 +50,7 @@ class Choice:
 def index_url(env: Mapping[str, str]) -> str:
     """VLLM_PRECOMPILED_WHEEL_INDEX, else the project's folder index; a folder
     that does not exist, or a scheme nothing here reads, is refused by name."""
-    given = env.get("VLLM_PRECOMPILED_WHEEL_INDEX", "").strip()
+    given = build_settings.precompiled_wheel_index(env)
     index = (given or str(DEFAULT_WHEEL_INDEX)).rstrip("/")
     if "://" in index and not index.startswith(("http://", "https://", "file://")):
         raise UserError(f"VLLM_PRECOMPILED_WHEEL_INDEX={index}: use a folder, file://<folder> "
@@ -77,7 +77,7 @@ def join_url(base: str, rel: str) -> str:
 
 
 def _variant(env: Mapping[str, str], log) -> str:
-    label = env.get("VLLM_PRECOMPILED_WHEEL_VARIANT", "").strip()
+    label = build_settings.precompiled_variant(env)
     if label:
         return get_variant(label).label
     target = detect(env)
@@ -142,7 +142,7 @@ def _base_commit(root: Path, env: Mapping[str, str]) -> str:
                         "commit to take kernels from is unknown: set "
                         "VLLM_PRECOMPILED_WHEEL_COMMIT=<40-hex sha>|nightly or "
                         "VLLM_PRECOMPILED_WHEEL_LOCATION=<wheel URL or path>")
-    ref = env.get("VLLM_PRECOMPILED_BASE_REF", "").strip()
+    ref = build_settings.precompiled_base_ref(env)
     if not ref:
         ref = "origin/main" if gitutil.rev(root, "origin/main") else "main"
     if gitutil.rev(root, ref) is None:
@@ -172,13 +172,13 @@ def _ways_out(commit: str, variant: str, index: str) -> str:
 
 def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
     variant = _variant(env, log)
-    location = env.get("VLLM_PRECOMPILED_WHEEL_LOCATION", "").strip()
+    location = build_settings.precompiled_location(env)
     if location:
         url, sha256 = parse_location(location)
         return Choice(url, sha256, variant, None, unquote(Path(url).name))
 
     index = index_url(env)
-    asked = env.get("VLLM_PRECOMPILED_WHEEL_COMMIT", "").strip()
+    asked = build_settings.precompiled_commit(env)
     in_git = gitutil.is_repo(root)
     level_meta = variants_level_metadata(index)
     if level_meta is not None:  # the URL chose the commit; the machine chooses the variant
@@ -227,8 +227,7 @@ def choose_wheel(root: Path, env: Mapping[str, str], log=print) -> Choice:
             msg = (f"this checkout changes compiled inputs since {base[:12]}: "
                    f"{', '.join(changed[:20])}; the precompiled kernels would not contain "
                    "them. Build from source, or set VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES=1")
-            if env.get("VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES", "").strip().lower() in (
-                    "1", "true", "yes", "on"):
+            if build_settings.allow_csrc_changes(env):
                 log(f"vllm-engine: WARNING: {msg}")
             else:
                 raise UserError(msg)

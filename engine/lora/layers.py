@@ -21,10 +21,13 @@ from engine.lora.mapping import LoRAMapping
 # parallel region's wake-up and barrier cost more than they do; on cores other
 # work keeps busy, far more (2 threads: 70 ms a region, measured, against 0.5 ms).
 SERIAL_MACS = 1 << 23
-# Steps of up to this many tokens run the kernel (ops.lora_add), larger ones
-# torch's GEMMs (measured, 2-core Xeon, float32, 512 x 3 x 512 q/k/v slices of
-# rank 16, 4 slots: see docs/lora.md).
-KERNEL_MAX_TOKENS = 64
+# Steps of up to these many tokens run the kernel (ops.lora_add), larger ones
+# torch's GEMMs. Per multiply-add a GEMM is about twice the kernel's speed, but a
+# mixed step's GEMMs compute every slot for every token: there the kernel wins
+# up to hundreds of tokens, in a one-adapter step up to about 16 (measured on
+# one thread, 2-core Xeon, float32, K 512 / 1376, rank 16, 4 slots: docs/lora.md).
+KERNEL_MAX_TOKENS_MIXED = 256
+KERNEL_MAX_TOKENS_ONE = 16
 
 
 class LinearWithLoRA(nn.Module):
@@ -87,8 +90,8 @@ class LinearWithLoRA(nn.Module):
         if mapping is None or not self.any_active:
             return out
         x2, o2 = x.reshape(-1, self.fan_in), out.view(-1, out.shape[-1])
-        if x2.shape[0] <= KERNEL_MAX_TOKENS and mapping.token_slot is not None \
-                and ops.has_lora_kernel():
+        most = KERNEL_MAX_TOKENS_ONE if mapping.slot is not None else KERNEL_MAX_TOKENS_MIXED
+        if x2.shape[0] <= most and mapping.token_slot is not None and ops.has_lora_kernel():
             # A [slots, slices, rank, in], Bt [slots, rank, out]
             r, n_slots = self.max_rank, self.max_loras
             ops.lora_add(o2, x2, self.slot_a.view(n_slots, len(self.slices), r, self.fan_in),

@@ -129,10 +129,14 @@ void unit(T* out, const T* x, const T* a, const T* bt, float* h, const int64_t* 
   }
 }
 
+// The entry point for elements of type T (float, or bfloat16 bits).
 template <typename T>
-int64_t add_t(T* out, const T* x, const T* lora_a, const T* lora_bt, const int32_t* token_slot,
-              const int32_t* ranks, const int64_t* bounds, int64_t tokens, int64_t slices,
-              int64_t R, int64_t K, int64_t ldx, int64_t ldo) {
+int64_t add_t(void* out_p, const void* x_p, const void* a_p, const void* bt_p,
+              const int32_t* token_slot, const int32_t* ranks, const int64_t* bounds,
+              int64_t tokens, int64_t slices, int64_t R, int64_t K, int64_t ldx, int64_t ldo) {
+  T* out = static_cast<T*>(out_p);
+  const T *x = static_cast<const T*>(x_p), *lora_a = static_cast<const T*>(a_p);
+  const T* lora_bt = static_cast<const T*>(bt_p);
   const int64_t N = bounds[slices];
   auto rank_of = [&](int64_t t) { return token_slot[t] < 0 ? 0 : ranks[token_slot[t]]; };
   int64_t macs = 0, adapted = 0;
@@ -179,13 +183,9 @@ int64_t add(DType dt, void* out, const void* x, const void* lora_a, const void* 
             const int32_t* token_slot, const int32_t* ranks, const int64_t* bounds,
             int64_t tokens, int64_t slices, int64_t max_rank, int64_t K, int64_t ldx,
             int64_t ldo) {
-  if (dt == DType::kFloat32)
-    return add_t(static_cast<float*>(out), static_cast<const float*>(x),
-                 static_cast<const float*>(lora_a), static_cast<const float*>(lora_bt),
-                 token_slot, ranks, bounds, tokens, slices, max_rank, K, ldx, ldo);
-  return add_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(x),
-               static_cast<const uint16_t*>(lora_a), static_cast<const uint16_t*>(lora_bt),
-               token_slot, ranks, bounds, tokens, slices, max_rank, K, ldx, ldo);
+  auto* fn = dt == DType::kFloat32 ? add_t<float> : add_t<uint16_t>;
+  return fn(out, x, lora_a, lora_bt, token_slot, ranks, bounds, tokens, slices, max_rank, K, ldx,
+            ldo);
 }
 
 }  // namespace ENGINE_CAT(lora_, ENGINE_ISA)

@@ -26,7 +26,7 @@ SERIAL_MACS = 1 << 23
 # mixed step's GEMMs compute every slot for every token: there the kernel wins
 # up to hundreds of tokens, in a one-adapter step up to about 16 (measured on
 # one thread, 2-core Xeon, float32, K 512 / 1376, rank 16, 4 slots: docs/lora.md).
-KERNEL_MAX_TOKENS_MIXED = 256
+KERNEL_MAX_TOKENS_MIXED = 512
 KERNEL_MAX_TOKENS_ONE = 16
 
 
@@ -91,7 +91,7 @@ class LinearWithLoRA(nn.Module):
             return out
         x2, o2 = x.reshape(-1, self.fan_in), out.view(-1, out.shape[-1])
         most = KERNEL_MAX_TOKENS_ONE if mapping.slot is not None else KERNEL_MAX_TOKENS_MIXED
-        if x2.shape[0] <= most and mapping.token_slot is not None and ops.has_lora_kernel():
+        if x2.shape[0] <= most and ops.has_lora_kernel():
             # A [slots, slices, rank, in], Bt [slots, rank, out]
             r, n_slots = self.max_rank, self.max_loras
             ops.lora_add(o2, x2, self.slot_a.view(n_slots, len(self.slices), r, self.fan_in),
@@ -122,9 +122,9 @@ class LinearWithLoRA(nn.Module):
             for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
                 o2[:, off:off + n].addmm_(h[:, j * r:(j + 1) * r], bt[:, off:off + n])
             return
-        assert mapping.mask is not None, "a mixed step maps its tokens to slots"
         h = x2 @ self.lora_a.t()  # every slot's shrink: [tokens, slices x slots x r]
-        h.view(-1, len(self.slices), n_slots, r).mul_(mapping.mask[:, None, :, None])
+        mask = mapping.mask(n_slots, h.dtype)
+        h.view(-1, len(self.slices), n_slots, r).mul_(mask[:, None, :, None])
         width = n_slots * r
         for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
             o2[:, off:off + n].addmm_(h[:, j * width:(j + 1) * width], self.lora_bt[:, off:off + n])

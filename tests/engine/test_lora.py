@@ -172,12 +172,12 @@ def test_the_lora_term_is_added_to_a_quantized_layers_output(lora, tmp_path, sch
     assert (layer.base.quant_method is not None) == (scheme != "bfloat16")
     x = torch.randn(5, layer.fan_in, dtype=dtype)
     rows = torch.tensor([0, 2, 3])  # the adapter's tokens; the others are the base's
-    mask = torch.zeros(5, layer.max_loras, dtype=dtype)
-    mask[rows, manager.slots.index(1)] = 1
+    token_slot = torch.full((5,), -1, dtype=torch.int32)
+    token_slot[rows] = manager.slots.index(1)
     set_context(ForwardContext(False, torch.zeros(5, dtype=torch.int64),
                                torch.zeros(1, 1, dtype=torch.int32),
                                torch.zeros(1, dtype=torch.int32),
-                               lora_mapping=LoRAMapping(None, mask)))
+                               lora_mapping=LoRAMapping(None, token_slot)))
     try:
         got = layer(x)
     finally:

@@ -114,3 +114,16 @@ TORCH_LIBRARY_FRAGMENT(_C, m) {
 }
 TORCH_LIBRARY_IMPL(_C, CPU, m) { m.impl("gguf_int8_linear", &engine::cpu::gguf_int8_linear); }
 #endif
+
+#ifdef ENGINE_WITH_CPU_KERNELS
+#include "cpu/lora_ops.h"
+// CPU only: the LoRA term of a linear layer for few tokens (punica's bgmv),
+// each token against its own adapter slot (token_slot int32, -1: none);
+// layout: engine.lora.layers.LinearWithLoRA.
+TORCH_LIBRARY_FRAGMENT(_C, m) {
+  m.def(
+      "lora_add(Tensor! out, Tensor input, Tensor lora_a, Tensor lora_bt, Tensor token_slot, "
+      "Tensor ranks, int[] bounds) -> ()");
+}
+TORCH_LIBRARY_IMPL(_C, CPU, m) { m.impl("lora_add", &engine::cpu::lora_add); }
+#endif

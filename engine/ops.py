@@ -18,7 +18,7 @@ OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"
 #: Ops registered for one device only.
 DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention", "fused_moe",
                            "wna16_linear", "wna16_dequant", "wna16_dequant_panels",
-                           "gguf_int8_linear")}
+                           "gguf_int8_linear", "lora_add")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 
@@ -182,6 +182,24 @@ def gguf_int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torc
 def has_gguf_int8_linear() -> bool:
     """Whether the CPU code path in use has the GGUF int8 kernel (x86 AVX2/AVX-512)."""
     return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_gguf_int8_linear())
+
+
+def lora_add(out: torch.Tensor, input: torch.Tensor, lora_a: torch.Tensor,
+             lora_bt: torch.Tensor, token_slot: torch.Tensor, ranks: torch.Tensor,
+             bounds: list[int]) -> None:
+    """The LoRA term of a linear layer for few tokens (punica's bgmv): each
+    token of slot token_slot[t] >= 0 (int32; -1: the base model) gains, in
+    slice j's columns bounds[j]:bounds[j + 1] of out, input[t] @ lora_a[s, j,
+    :r].T @ lora_bt[s, :r, slice j], r = ranks[s] (int32 [max_loras]);
+    lora_a [max_loras, slices, max_rank, K], lora_bt [max_loras, max_rank, N].
+    The reference where the build has no CPU kernels."""
+    fn = torch.ops._C.lora_add if has_lora_kernel() else reference.lora_add
+    fn(out, input, lora_a, lora_bt, token_slot, ranks, bounds)
+
+
+def has_lora_kernel() -> bool:
+    """Whether the build has the LoRA kernel (every CPU code path does)."""
+    return BUILD_INFO.device == "cpu" and BUILD_INFO.has_kernels
 
 
 def has_panel_linear() -> bool:

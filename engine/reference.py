@@ -271,3 +271,18 @@ def wna16_dequant_panels(out: torch.Tensor, packed_weight: torch.Tensor, scales:
     w[:n, :k] = unpack_wna16(packed_weight, scales, zeros, bits, group_size, n, k)
     out.view(panels, rows, PANEL, k_pack).copy_(
         w.view(panels, PANEL, rows, k_pack).permute(0, 2, 1, 3))
+
+
+def lora_add(out: torch.Tensor, input: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
+             token_slot: torch.Tensor, ranks: torch.Tensor, bounds: list[int]) -> None:
+    """The LoRA term (csrc/cpu/lora.h) in float32, token by token: token t of
+    slot s >= 0 gains, in each slice j's columns, its shrink by A[s, j, :rank]
+    expanded by Bt[s, :rank, slice j], rank = ranks[s]; out rounded once."""
+    for t, s in enumerate(token_slot.tolist()):
+        rank = int(ranks[s]) if s >= 0 else 0
+        if rank == 0:
+            continue
+        h = lora_a[s, :, :rank].float() @ input[t].float()  # [slices, rank]
+        delta = torch.cat([h[j] @ lora_bt[s, :rank, lo:hi].float()
+                           for j, (lo, hi) in enumerate(zip(bounds, bounds[1:]))])
+        out[t] = (out[t].float() + delta).to(out.dtype)

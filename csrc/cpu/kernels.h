@@ -168,6 +168,17 @@ struct KernelTable {
   int64_t (*gguf_int8_linear)(DType dt, int bits, void* out, const void* x,
                               const uint32_t* packed, const uint16_t* terms, int64_t M,
                               int64_t N, int64_t K, int64_t group_size, int64_t ldx, int64_t ldo);
+  // The LoRA term of a linear layer for few tokens, as punica's bgmv (lora.h;
+  // every code path): for each token t of slot s = token_slot[t] (< 0: none)
+  // and each slice j < slices (columns bounds[j] .. bounds[j + 1] - 1 of out),
+  //   out[t, cols_j] += (x[t, :K] @ A[s, j, :rank]^T) @ Bt[s, :rank, cols_j],
+  // rank = ranks[s] (0: nothing), in float32. A is [max_loras, slices, max_rank,
+  // K] and Bt [max_loras, max_rank, bounds[slices]], contiguous; validated by
+  // the caller.
+  int64_t (*lora_add)(DType dt, void* out, const void* x, const void* lora_a,
+                      const void* lora_bt, const int32_t* token_slot, const int32_t* ranks,
+                      const int64_t* bounds, int64_t tokens, int64_t slices, int64_t max_rank,
+                      int64_t K, int64_t ldx, int64_t ldo);
 };
 
 // Defined by kernels_impl.cpp, once per compiled ISA. Which of these exist is

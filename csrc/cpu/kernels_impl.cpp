@@ -12,6 +12,7 @@
 #include "scratch.h"
 #include "wna16.h"
 #include "gguf_int8.h"
+#include "lora.h"
 #include "cpu_types.h"
 #include "layernorm_impl.h"
 #include "pos_encoding_impl.h"
@@ -176,7 +177,7 @@ const KernelTable table = {
     ENGINE_LINEAR_BF16_PAIRS, ENGINE_INT8_LINEAR, ENGINE_INT8_LINEAR_AMX,
     paged_prefill_attention, ENGINE_PREFILL_ATTENTION_AMX, ENGINE_FUSED_MOE,
     ENGINE_WNA16(linear),   ENGINE_WNA16(dequant), ENGINE_WNA16_LINEAR_AMX,
-    ENGINE_WNA16(dequant_panels), ENGINE_GGUF_INT8,
+    ENGINE_WNA16(dequant_panels), ENGINE_GGUF_INT8, ENGINE_CAT(lora_, ENGINE_ISA)::add,
 };
 
 }  // namespace

@@ -1,16 +1,18 @@
 """A linear layer with the LoRA term of every adapter slot (upstream's
-vllm/lora/layers and its punica shrink/expand): the base layer runs as ever
-(float, oneDNN, panels, W8A8 or W4A16: the term is added to its output), then
-one shrink of the step's tokens against every slot's A at once, a mask that
-keeps each token's own slot (base-model tokens: none), and one expand per
-slice (q, k, v / gate, up) against every slot's B at once, added in place:
-four or five matmuls a layer whatever the mix of adapters, never a pass per
-adapter. A step of one adapter uses its slot's A and B alone."""
+vllm/lora/layers and its punica kernels): the base layer runs as ever (float,
+oneDNN, panels, W8A8 or W4A16: the term is added to its output), then the term.
+A step of few tokens (decode) runs ops.lora_add, punica's bgmv: one call, each
+token against its own slot's A and B only, base-model tokens skipped. A larger
+step (prefill) runs torch's GEMMs, which win there: one shrink of the step's
+tokens against every slot's A at once, a mask that keeps each token's own slot,
+and one expand per slice (q, k, v / gate, up) against every slot's B at once,
+added in place; a step of one adapter uses its slot's A and B alone."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from engine import ops
 from engine.forward_context import get_context
 from engine.lora.mapping import LoRAMapping
 
@@ -19,6 +21,13 @@ from engine.lora.mapping import LoRAMapping
 # parallel region's wake-up and barrier cost more than they do; on cores other
 # work keeps busy, far more (2 threads: 70 ms a region, measured, against 0.5 ms).
 SERIAL_MACS = 1 << 23
+# Steps of up to these many tokens run the kernel (ops.lora_add), larger ones
+# torch's GEMMs. Per multiply-add a GEMM is about twice the kernel's speed, but a
+# mixed step's GEMMs compute every slot for every token: there the kernel wins
+# up to hundreds of tokens, in a one-adapter step up to about 16 (measured on
+# one thread, 2-core Xeon, float32, K 512 / 1376, rank 16, 4 slots: docs/lora.md).
+KERNEL_MAX_TOKENS_MIXED = 512
+KERNEL_MAX_TOKENS_ONE = 16
 
 
 class LinearWithLoRA(nn.Module):
@@ -27,13 +36,16 @@ class LinearWithLoRA(nn.Module):
     (slice j, slot l, rank r at row (j * max_loras + l) * max_rank + r: a
     mixed step's shrink gives each slice's columns side by side, ready for its
     expand), and `slot_a`, [max_loras * slices * max_rank, in] (slot-major: a
-    one-adapter step's rows, contiguous); and B transposed, `lora_bt`,
-    [max_loras * max_rank, out] (slot l, rank r at row l * max_rank + r).
-    Ranks under max_rank are zero-padded: the shapes stay fixed."""
+    one-adapter step's rows, contiguous, and the kernel's A); and B
+    transposed, `lora_bt`, [max_loras * max_rank, out] (slot l, rank r at row
+    l * max_rank + r). Ranks under max_rank are zero-padded: the shapes stay
+    fixed; `ranks` (int32 [max_loras]) says each slot's own, 0 where it does
+    not adapt this layer, and the kernel skips the padding."""
 
     lora_a: torch.Tensor
     slot_a: torch.Tensor
     lora_bt: torch.Tensor
+    ranks: torch.Tensor
 
     def __init__(self, base: nn.Module, fan_in: int, slices: tuple[int, ...], max_loras: int,
                  max_rank: int, dtype: torch.dtype):
@@ -46,6 +58,9 @@ class LinearWithLoRA(nn.Module):
             self.register_buffer(name, torch.zeros(rows, fan_in, dtype=dtype), persistent=False)
         self.register_buffer("lora_bt", torch.zeros(max_loras * max_rank, sum(slices),
                                                     dtype=dtype), persistent=False)
+        self.register_buffer("ranks", torch.zeros(max_loras, dtype=torch.int32),
+                             persistent=False)
+        self.bounds = self.offsets + [sum(slices)]  # each slice's columns, for the kernel
         self.active = [False] * max_loras  # whether the slot adapts this layer
         self.any_active = False
         # multiply-adds of one token's term per slot (the shrink of every slice, the expand)
@@ -66,6 +81,7 @@ class LinearWithLoRA(nn.Module):
             own[j, :rank].copy_(aj)
             bt[:rank, self.offsets[j]:self.offsets[j] + self.slices[j]].copy_(bj.t())
         self.active[slot] = bool(parts)
+        self.ranks[slot] = rank if parts else 0
         self.any_active = any(self.active)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,6 +90,14 @@ class LinearWithLoRA(nn.Module):
         if mapping is None or not self.any_active:
             return out
         x2, o2 = x.reshape(-1, self.fan_in), out.view(-1, out.shape[-1])
+        most = KERNEL_MAX_TOKENS_ONE if mapping.slot is not None else KERNEL_MAX_TOKENS_MIXED
+        if x2.shape[0] <= most and ops.has_lora_kernel():
+            # A [slots, slices, rank, in], Bt [slots, rank, out]
+            r, n_slots = self.max_rank, self.max_loras
+            ops.lora_add(o2, x2, self.slot_a.view(n_slots, len(self.slices), r, self.fan_in),
+                         self.lora_bt.view(n_slots, r, -1), mapping.token_slot, self.ranks,
+                         self.bounds)
+            return out
         slots = 1 if mapping.slot is not None else self.max_loras
         threads = torch.get_num_threads()
         serial = threads > 1 and x2.shape[0] * slots * self.macs_per_slot < SERIAL_MACS
@@ -98,9 +122,9 @@ class LinearWithLoRA(nn.Module):
             for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
                 o2[:, off:off + n].addmm_(h[:, j * r:(j + 1) * r], bt[:, off:off + n])
             return
-        assert mapping.mask is not None, "a mixed step maps its tokens to slots"
         h = x2 @ self.lora_a.t()  # every slot's shrink: [tokens, slices x slots x r]
-        h.view(-1, len(self.slices), n_slots, r).mul_(mapping.mask[:, None, :, None])
+        mask = mapping.mask(n_slots, h.dtype)
+        h.view(-1, len(self.slices), n_slots, r).mul_(mask[:, None, :, None])
         width = n_slots * r
         for j, (off, n) in enumerate(zip(self.offsets, self.slices)):
             o2[:, off:off + n].addmm_(h[:, j * width:(j + 1) * width], self.lora_bt[:, off:off + n])

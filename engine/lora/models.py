@@ -96,10 +96,6 @@ class LoRAModelManager:
                              f"{self.cfg.max_loras}")
         slot_of = {i: self._slot(r, set(present)) for i, r in present.items()}
         seq_slots = [-1 if r is None else slot_of[r.lora_int_id] for r in requests]
-        if len(set(seq_slots)) == 1:
-            return LoRAMapping(seq_slots[0])
-        # one row per sequence (a base sequence's all zero), repeated per token
-        rows = torch.zeros(len(seq_slots), self.cfg.max_loras, dtype=self.dtype)
-        adapted = [(i, s) for i, s in enumerate(seq_slots) if s >= 0]
-        rows[[i for i, _ in adapted], [s for _, s in adapted]] = 1
-        return LoRAMapping(None, rows.repeat_interleave(torch.tensor(counts), dim=0))
+        token_slot = torch.tensor(seq_slots, dtype=torch.int32).repeat_interleave(
+            torch.tensor(counts))
+        return LoRAMapping(seq_slots[0] if len(set(seq_slots)) == 1 else None, token_slot)

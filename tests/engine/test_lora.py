@@ -12,7 +12,7 @@ import pytest
 import torch
 from lora_adapters import make_adapter
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, ops
 from engine.config import ModelConfig
 from engine.lora import LoRARequest
 from engine.lora.config import LoRAConfig
@@ -97,6 +97,28 @@ def test_each_adapter_equals_its_merged_model_and_mixed_steps_equal_each_alone(
     assert got == [merged[n][i % 3] for i, n in enumerate(order)]
 
 
+@pytest.mark.parametrize("path", ["kernel", "gemms"])
+def test_both_term_paths_equal_the_merged_models(lora, merged, path, monkeypatch):
+    """The few-token kernel (ops.lora_add) and torch's GEMMs, each forced for
+    every step (prefill and decode, one adapter and mixed), keep each adapter's
+    ids equal to its merged model's."""
+    from engine.lora import layers
+
+    most = 1 << 20 if path == "kernel" else -1
+    monkeypatch.setattr(layers, "KERNEL_MAX_TOKENS_ONE", most)
+    monkeypatch.setattr(layers, "KERNEL_MAX_TOKENS_MIXED", most)
+    calls, real = [], ops.lora_add
+    monkeypatch.setattr(ops, "lora_add", lambda *a: calls.append(1) or real(*a))
+    llm = LLM(lora / "base", "float32", enable_lora=True, max_loras=3, max_lora_rank=16,
+              **ARGS)
+    assert _ids(llm, lora_request=_req(lora, "a1")) == merged["a1"]
+    order = ["a2", "base", "a3", "a1", "base", "a2"]
+    reqs = [None if n == "base" else _req(lora, n) for n in order]
+    prompts = [PROMPTS[i % 3] for i in range(len(order))]
+    assert _ids(llm, prompts, lora_request=reqs) == [merged[n][i % 3] for i, n in enumerate(order)]
+    assert bool(calls) == (path == "kernel" and ops.has_lora_kernel())
+
+
 def test_adapters_beyond_max_loras_wait_and_the_lru_evicts(lora, merged):
     """max_loras 1: a step holds one adapter (the others wait, base requests
     run beside it); max_cpu_loras 2: a third adapter drops the least recently
@@ -150,12 +172,12 @@ def test_the_lora_term_is_added_to_a_quantized_layers_output(lora, tmp_path, sch
     assert (layer.base.quant_method is not None) == (scheme != "bfloat16")
     x = torch.randn(5, layer.fan_in, dtype=dtype)
     rows = torch.tensor([0, 2, 3])  # the adapter's tokens; the others are the base's
-    mask = torch.zeros(5, layer.max_loras, dtype=dtype)
-    mask[rows, manager.slots.index(1)] = 1
+    token_slot = torch.full((5,), -1, dtype=torch.int32)
+    token_slot[rows] = manager.slots.index(1)
     set_context(ForwardContext(False, torch.zeros(5, dtype=torch.int64),
                                torch.zeros(1, 1, dtype=torch.int32),
                                torch.zeros(1, dtype=torch.int32),
-                               lora_mapping=LoRAMapping(None, mask)))
+                               lora_mapping=LoRAMapping(None, token_slot)))
     try:
         got = layer(x)
     finally:

@@ -15,6 +15,7 @@
 #include "../kernels.h"
 #include "../scalar.h"
 #include "../common_ops.h"
+#include "../lora.h"
 #include "cpu_types_arm.h"
 
 #include <stdint.h>
@@ -29,14 +30,19 @@
 namespace engine::cpu {
 namespace {
 
+// Designated: the entries not named (no NEON kernel yet: the panel linear,
+// prefill attention, the MoE and quantized layers) are null and their callers
+// run torch or engine.reference.
 const KernelTable table = {
-    ENGINE_STR(ENGINE_ISA), rms_norm, fused_add_rms_norm, silu_and_mul,
-    rotary_embedding,       reshape_and_cache, paged_attention,
-    nullptr,  // linear: no NEON panel kernel yet, torch's linear runs
-    nullptr,  // linear_bf16_pairs (x86 AVX512_BF16 only)
-    nullptr,  // paged_prefill_attention: not yet on NEON, the torch reference runs
+    .isa = ENGINE_STR(ENGINE_ISA),
+    .rms_norm = rms_norm,
+    .fused_add_rms_norm = fused_add_rms_norm,
+    .silu_and_mul = silu_and_mul,
+    .rotary_embedding = rotary_embedding,
+    .reshape_and_cache = reshape_and_cache,
+    .paged_attention = paged_attention,
+    .lora_add = ENGINE_CAT(lora_, ENGINE_ISA)::add,
 };
-
 }  // namespace
 
 const KernelTable* ENGINE_CAT(kernels_, ENGINE_ISA)() { return &table; }

@@ -16,7 +16,6 @@ from engine.model_executor.layers.quantization.gguf_int8 import (
     pack_group_terms,
     pack_high_bits,
 )
-from engine.model_executor.layers.quantization.wna16 import pack_wna16
 
 pytestmark = pytest.mark.skipif(not ops.has_gguf_int8_linear(),
                                 reason="no gguf_int8 kernel in this build / on this CPU")

@@ -81,7 +81,8 @@ def pack_high_bits(q: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     hi[:n, :k] = q.to(torch.int64) >> 4
     kk = torch.arange(chunk)
     pos = 8 * ((kk % 8) // 2) + 2 * h * (kk // 8) + h * (kk % 2)
-    words = (hi.view(panels * PANEL, kp // chunk, chunk) << pos).sum(-1)  # bits apart: a sum is an OR
+    # the bits do not overlap: a sum is an OR
+    words = (hi.view(panels * PANEL, kp // chunk, chunk) << pos).sum(-1)
     words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     out = cpu_hugepages.empty((panels, kp // chunk, PANEL), torch.int32)  # streamed every step
     out.copy_(words.view(panels, PANEL, kp // chunk).permute(0, 2, 1))

@@ -20,11 +20,11 @@ from engine.platforms import cpu_hugepages
 
 PANEL = ops.PANEL
 #: Rows up to which the int8 kernel runs by default, wna16's float kernel (or
-#: the large-M GEMM) from there. Where AMX tiles run (wna16 from 16 rows) they
-#: take 16: on a 2-core Xeon at 16 rows, 4-bit, the tiles ran K x N 576 x 960 /
-#: 1536 x 576 in 48 / 75 us, this kernel in 58 / 119 us; 576 x 3072 126 vs 121
+#: the large-M GEMM, or AMX tiles) from there. At 16 rows (16 concurrent
+#: requests) it beat wna16's AMX tiles on a 2-core Sapphire Rapids once the
+#: weight streamed at the file's bits: SmolLM-135M shape, 16 x 64 tokens,
+#: Q4_K file (mostly Q5_0) 697-715 tok/s vs 447, Q8_0 640-652 vs 419-434.
 INT8_MAX_M = 16
-INT8_MAX_M_AMX = 15
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,7 @@ def max_rows() -> int:
     if not ops.has_gguf_int8_linear():
         return 0
     rows = envs.gguf_int8_max_m()
-    if rows is not None:
-        return rows
-    return INT8_MAX_M_AMX if ops.amx_in_use() else INT8_MAX_M
+    return INT8_MAX_M if rows is None else rows
 
 
 def pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, mins: torch.Tensor | None,

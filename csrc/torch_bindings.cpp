@@ -104,13 +104,13 @@ TORCH_LIBRARY_IMPL(_C, CPU, m) {
   m.impl("wna16_dequant_panels", &engine::cpu::wna16_dequant_panels);
 }
 #include "cpu/gguf_int8_ops.h"
-// CPU only: GGUF's few-row layers with int8 activations, over the wna16 packed
-// weight and engine.model_executor.layers.quantization.gguf_int8's group terms.
+// CPU only: GGUF's few-row layers with int8 activations, over the weight
+// engine.model_executor.layers.quantization.gguf_int8 packs.
 TORCH_LIBRARY_FRAGMENT(_C, m) {
   m.def("cpu_has_gguf_int8_linear", &engine::cpu::has_gguf_int8_linear);
   m.def(
-      "gguf_int8_linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor terms, "
-      "int bits, int group_size) -> ()");
+      "gguf_int8_linear(Tensor! out, Tensor input, Tensor packed_weight, Tensor? high_bits, "
+      "Tensor terms, int bits, int group_size, int zero) -> ()");
 }
 TORCH_LIBRARY_IMPL(_C, CPU, m) { m.impl("gguf_int8_linear", &engine::cpu::gguf_int8_linear); }
 #endif

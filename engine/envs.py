@@ -78,14 +78,7 @@ def cpu_linear_large_m(env: Mapping[str, str] | None = None) -> int | None:
     (engine.platforms.cpu_features.LARGE_M_ROWS; `engine env` shows it); a
     positive integer: that many rows; `0`: the panel kernel for every batch and
     no second copy (the least memory)."""
-    env = _env(env)
-    raw = env.get("VLLM_CPU_LINEAR_LARGE_M", "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if not raw.isdigit():
-        raise EnvError(f"VLLM_CPU_LINEAR_LARGE_M={env['VLLM_CPU_LINEAR_LARGE_M']!r} is not "
-                       "valid; use auto, 0 (off) or a positive number of rows")
-    return int(raw)
+    return _rows_or_auto(_env(env), "VLLM_CPU_LINEAR_LARGE_M", "a positive number of rows")
 
 
 def gguf_int8_max_m(env: Mapping[str, str] | None = None) -> int | None:
@@ -95,13 +88,16 @@ def gguf_int8_max_m(env: Mapping[str, str] | None = None) -> int | None:
     `auto` (default, or unset): the crossover measured for this CPU; a number
     of rows; `0`: never (x stays float: the product equals the dequantized
     weights' to float rounding)."""
-    env = _env(env)
-    raw = env.get("VLLM_GGUF_INT8_MAX_M", "").strip().lower()
+    return _rows_or_auto(_env(env), "VLLM_GGUF_INT8_MAX_M", "a number of rows")
+
+
+def _rows_or_auto(env: Mapping[str, str], name: str, rows: str) -> int | None:
+    """A count of rows, 0 (off) or `auto` / unset (None: the caller's measured default)."""
+    raw = env.get(name, "").strip().lower()
     if raw in ("", "auto"):
         return None
     if not raw.isdigit():
-        raise EnvError(f"VLLM_GGUF_INT8_MAX_M={env['VLLM_GGUF_INT8_MAX_M']!r} is not valid; "
-                       "use auto, 0 (off) or a number of rows")
+        raise EnvError(f"{name}={env[name]!r} is not valid; use auto, 0 (off) or {rows}")
     return int(raw)
 
 

@@ -169,19 +169,28 @@ def has_wna16_linear() -> bool:
 
 
 def gguf_int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
-                     terms: torch.Tensor, bits: int, group_size: int) -> None:
+                     high_bits: torch.Tensor | None, terms: torch.Tensor, bits: int,
+                     group_size: int, zero: int) -> None:
     """GGUF's few-row product as llama.cpp runs it: input quantized to int8 per
-    row and group, times a wna16 packed weight (pack_wna16) in integer dot
-    products, each group's sum scaled by its float16 scale and term
-    (engine.model_executor.layers.quantization.gguf_int8.pack_group_terms).
-    The reference where the code path in use has no kernel."""
+    row and group, times a weight of `bits` (4, 5, 6, 8) a value in integer dot
+    products, each group's sum scaled by its float16 factors; the layout is
+    engine.model_executor.layers.quantization.gguf_int8.pack's. The reference
+    where the code path in use has no kernel."""
     fn = torch.ops._C.gguf_int8_linear if has_gguf_int8_linear() else reference.gguf_int8_linear
-    fn(out, input, packed_weight, terms, bits, group_size)
+    fn(out, input, packed_weight, high_bits, terms, bits, group_size, zero)
 
 
 def has_gguf_int8_linear() -> bool:
-    """Whether the CPU code path in use has the GGUF int8 kernel (x86 AVX2/AVX-512)."""
-    return BUILD_INFO.device == "cpu" and bool(torch.ops._C.cpu_has_gguf_int8_linear())
+    """Whether the CPU code path in use has the GGUF int8 kernel (x86 AVX2/AVX-512).
+    Kept until select_cpu_isa: a decode step asks 120 times (0.7 us each)."""
+    global _has_gguf_int8
+    if _has_gguf_int8 is None:
+        _has_gguf_int8 = BUILD_INFO.device == "cpu" and bool(
+            torch.ops._C.cpu_has_gguf_int8_linear())
+    return _has_gguf_int8
+
+
+_has_gguf_int8: bool | None = None
 
 
 def lora_add(out: torch.Tensor, input: torch.Tensor, lora_a: torch.Tensor,
@@ -244,4 +253,6 @@ def select_cpu_isa(name: str) -> str:
     if BUILD_INFO.device != "cpu":
         raise RuntimeError(f"this is a {BUILD_INFO.variant} build; it has no CPU kernels")
     chosen = cpu_features.choose_isa(name, cpu_features.current(), compiled_cpu_isas())
+    global _has_gguf_int8
+    _has_gguf_int8 = None
     return torch.ops._C.select_cpu_isa(chosen)

@@ -227,24 +227,35 @@ def unpack_wna16(packed_weight: torch.Tensor, scales: torch.Tensor, zeros: torch
 
 
 def gguf_int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,
-                     terms: torch.Tensor, bits: int, group_size: int) -> None:
+                     high_bits: torch.Tensor | None, terms: torch.Tensor, bits: int,
+                     group_size: int, zero: int) -> None:
     """GGUF's int8-activation product (csrc/cpu/gguf_int8.h): input quantized per
     row and group of group_size (scale max|x| / 127, rounded half to even), each
     group's integer dot product with the unsigned q times d * scale, plus
-    d * sum(q_x) times the group's term."""
+    d * sum(q_x) times the group's term (or minus zero times it, one term)."""
     m, k = input.shape
     n, (panels, groups) = out.shape[1], terms.shape[:2]
     ones = torch.ones(panels, groups, PANEL, dtype=torch.float32)
-    q = unpack_wna16(packed_weight, ones, torch.zeros_like(ones, dtype=torch.uint8), bits,
-                     group_size, n, groups * group_size).double()  # unsigned q, zero past K
+    q = unpack_wna16(packed_weight, ones, torch.zeros_like(ones, dtype=torch.uint8),
+                     8 if bits == 8 else 4, group_size, n, groups * group_size).double()
+    if high_bits is not None:  # 5-/6-bit: the bits above the nibbles (gguf_int8.pack_high_bits)
+        h = bits - 4
+        chunk = 32 // h
+        kk = torch.arange(chunk)
+        pos = 8 * ((kk % 8) // 2) + 2 * h * (kk // 8) + h * (kk % 2)
+        words = high_bits.long() & 0xFFFFFFFF  # [panels, chunks, 16]
+        hi = (words.unsqueeze(-1) >> pos) & ((1 << h) - 1)  # [panels, chunks, 16, chunk]
+        hi = hi.permute(0, 2, 1, 3).reshape(panels * PANEL, -1)[:n]
+        q = q + 16 * hi.double()
     x = F.pad(input.float(), (0, groups * group_size - k)).view(m, groups, group_size)
     amax = x.abs().amax(-1, keepdim=True)
     qx = torch.round(x * torch.where(amax > 0, 127.0 / amax, 0.0)).double()
     d = (amax / 127.0).double().squeeze(-1)  # [m, groups]
     dot = torch.einsum("mgk,ngk->mgn", qx, q.view(n, groups, group_size))
-    t = terms.double().permute(0, 3, 1, 2).reshape(panels * PANEL, groups, 2)[:n]
-    out.copy_(torch.einsum("mg,mgn->mn", d, dot * t[:, :, 0].T)
-              + (d * qx.sum(-1)) @ t[:, :, 1].T)
+    nt = terms.shape[2]
+    t = terms.double().permute(0, 3, 1, 2).reshape(panels * PANEL, groups, nt)[:n]
+    term = t[:, :, 1] if nt == 2 else -zero * t[:, :, 0]
+    out.copy_(torch.einsum("mg,mgn->mn", d, dot * t[:, :, 0].T) + (d * qx.sum(-1)) @ term.T)
 
 
 def wna16_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torch.Tensor,

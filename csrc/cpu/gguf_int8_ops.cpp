@@ -13,8 +13,21 @@ namespace cpu {
 
 bool has_gguf_int8_linear() { return kernels().gguf_int8_linear != nullptr; }
 
+namespace {
+
+void check_plane(const at::Tensor& t, int64_t panels, int64_t rows, const char* what) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kInt && t.is_contiguous() && t.device().is_cpu() &&
+                        t.sizes() == at::IntArrayRef({panels, rows, kPanel}),
+                    "gguf_int8_linear: ", what, " must be contiguous int32 [", panels, ", ", rows,
+                    ", ", kPanel, "] on the CPU (gguf_int8.pack), got ", t.scalar_type(), " ",
+                    t.sizes());
+}
+
+}  // namespace
+
 void gguf_int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor& packed_weight,
-                      const at::Tensor& terms, int64_t bits, int64_t group_size) {
+                      const std::optional<at::Tensor>& high_bits, const at::Tensor& terms,
+                      int64_t bits, int64_t group_size, int64_t zero) {
   const char* op = "gguf_int8_linear";
   auto dt = checks::dtype_of(input, at::kCPU, op, "input");
   checks::check_like(out, input, op, "out", "input");
@@ -23,36 +36,43 @@ void gguf_int8_linear(at::Tensor& out, const at::Tensor& input, const at::Tensor
                     op, ": input [M, K] and out [M, N] must be 2-D with a contiguous last "
                     "dimension, got ", input.sizes(), " and ", out.sizes());
   const int64_t M = input.size(0), K = input.size(1), N = out.size(1);
-  TORCH_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
-  // 4-bit: whole 8-k lanes a group; 8-bit: whole 4-k ones
-  TORCH_CHECK_VALUE(group_size > 0 && group_size % (32 / bits) == 0 && group_size % 4 == 0, op,
-                    ": group_size must be a positive multiple of ", 32 / bits, ", got ",
-                    group_size);
+  TORCH_CHECK_VALUE(bits == 4 || bits == 5 || bits == 6 || bits == 8, op,
+                    ": bits must be 4, 5, 6 or 8, got ", bits);
+  // whole 8-k steps a group (4-k ones for bytes); 5/6-bit: whole chunks of high bits
+  const int64_t high = bits == 5 || bits == 6 ? bits - 4 : 0;
+  const int64_t unit = high ? 32 / high : (bits == 8 ? 4 : 8);
+  TORCH_CHECK_VALUE(group_size > 0 && group_size % unit == 0, op,
+                    ": group_size must be a positive multiple of ", unit, " for ", bits,
+                    "-bit values, got ", group_size);
   const int64_t panels = (N + kPanel - 1) / kPanel, groups = (K + group_size - 1) / group_size;
-  const int64_t steps = groups * group_size * bits / 32;
-  TORCH_CHECK_VALUE(packed_weight.scalar_type() == at::kInt && packed_weight.is_contiguous() &&
-                        packed_weight.sizes() == at::IntArrayRef({panels, steps, kPanel}),
-                    op, ": packed_weight must be contiguous int32 [", panels, ", ", steps, ", ",
-                    kPanel, "] (wna16.pack_wna16), got ", packed_weight.scalar_type(), " ",
-                    packed_weight.sizes());
+  check_plane(packed_weight, panels, groups * group_size / (bits == 8 ? 4 : 8), "packed_weight");
+  TORCH_CHECK_VALUE(high_bits.has_value() == (high > 0), op, ": high_bits is for 5- and 6-bit "
+                    "values only (and those need it)");
+  if (high) check_plane(*high_bits, panels, groups * group_size * high / 32, "high_bits");
+  TORCH_CHECK_VALUE(terms.dim() == 4 && (terms.size(2) == 1 || terms.size(2) == 2), op,
+                    ": terms must be [panels, groups, 1 or 2, ", kPanel, "], got ", terms.sizes());
+  const int64_t nt = terms.size(2);
   TORCH_CHECK_VALUE(terms.scalar_type() == at::kHalf && terms.is_contiguous() &&
-                        terms.sizes() == at::IntArrayRef({panels, groups, 2, kPanel}),
-                    op, ": terms must be contiguous float16 [", panels, ", ", groups, ", 2, ",
-                    kPanel, "] (gguf_int8.pack_group_terms), got ", terms.scalar_type(), " ",
-                    terms.sizes());
-  TORCH_CHECK_VALUE(packed_weight.device().is_cpu() && terms.device().is_cpu(), op,
-                    ": the weight must be on the CPU");
+                        terms.device().is_cpu() &&
+                        terms.sizes() == at::IntArrayRef({panels, groups, nt, kPanel}),
+                    op, ": terms must be contiguous float16 [", panels, ", ", groups, ", ", nt,
+                    ", ", kPanel, "] on the CPU (gguf_int8.pack_group_terms), got ",
+                    terms.scalar_type(), " ", terms.sizes());
+  TORCH_CHECK_VALUE(zero >= 0 && zero < (int64_t{1} << bits), op, ": zero must be a ", bits,
+                    "-bit value, got ", zero);
   const KernelTable& t = kernels();
   TORCH_CHECK(t.gguf_int8_linear != nullptr, op, ": the ", t.isa, " kernels have none; the "
               "layer runs wna16_linear there");
   if (M == 0 || N == 0) return;
-  check_scratch(
-      t.gguf_int8_linear(dt == at::kFloat ? DType::kFloat32 : DType::kBFloat16,
-                         static_cast<int>(bits), out.data_ptr(), input.const_data_ptr(),
-                         reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
-                         reinterpret_cast<const uint16_t*>(terms.const_data_ptr<at::Half>()), M,
-                         N, K, group_size, input.stride(0), out.stride(0)),
-      op);
+  const GgufInt8Weight w = {
+      reinterpret_cast<const uint32_t*>(packed_weight.const_data_ptr<int32_t>()),
+      high ? reinterpret_cast<const uint32_t*>(high_bits->const_data_ptr<int32_t>()) : nullptr,
+      reinterpret_cast<const uint16_t*>(terms.const_data_ptr<at::Half>()),
+      static_cast<int>(bits), static_cast<int>(nt), static_cast<int>(zero), N, K, group_size};
+  check_scratch(t.gguf_int8_linear(dt == at::kFloat ? DType::kFloat32 : DType::kBFloat16, w,
+                                   out.data_ptr(), input.const_data_ptr(), M, input.stride(0),
+                                   out.stride(0)),
+                op);
 }
 
 }  // namespace cpu

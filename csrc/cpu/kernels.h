@@ -32,6 +32,19 @@ using PrefillAttentionFn = R (*)(DType dt, void* out, const void* query, const v
                                  int64_t head_size, int64_t block_size, int64_t max_blocks,
                                  float scale, int64_t sliding_window);
 
+// A GGUF layer's weight as the int8-activation kernel reads it (gguf_int8.h):
+// the packed q (4-bit nibbles or bytes), the high bits of 5- and 6-bit values
+// in a plane of their own (null for 4 and 8 bits), float16 terms per group.
+struct GgufInt8Weight {
+  const uint32_t* packed;
+  const uint32_t* high;
+  const uint16_t* terms;
+  int bits;     // of a value: 4, 5, 6 or 8
+  int n_terms;  // 1: the scale (W = (q - zero) * scale); 2: scale and term
+  int zero;     // with one term: the zero point of every group
+  int64_t N, K, group_size;
+};
+
 // Kernels that allocate return int64_t: 0, or the bytes of scratch that could
 // not be allocated (nothing is then left to trust in the output: the glue
 // raises, cpu_ops.cpp check_scratch).
@@ -162,12 +175,10 @@ struct KernelTable {
                                int64_t group_size);
   // GGUF's quantized linear layers for few rows (decode), x quantized to int8
   // per group and multiplied with integer dot products as llama.cpp does
-  // (gguf_int8.h): out[m, :N] = x[m, :K] @ W^T, the wna16 packed weight with
-  // its per-group float16 scale and term. x86 only, null elsewhere (the
+  // (gguf_int8.h): out[m, :N] = x[m, :K] @ W^T. x86 only, null elsewhere (the
   // caller then runs wna16_linear).
-  int64_t (*gguf_int8_linear)(DType dt, int bits, void* out, const void* x,
-                              const uint32_t* packed, const uint16_t* terms, int64_t M,
-                              int64_t N, int64_t K, int64_t group_size, int64_t ldx, int64_t ldo);
+  int64_t (*gguf_int8_linear)(DType dt, const GgufInt8Weight& w, void* out, const void* x,
+                              int64_t M, int64_t ldx, int64_t ldo);
   // The LoRA term of a linear layer for few tokens, as punica's bgmv (lora.h;
   // every code path): for each token t of slot s = token_slot[t] (< 0: none)
   // and each slice j < slices (columns bounds[j] .. bounds[j + 1] - 1 of out),

@@ -46,8 +46,11 @@ def test_every_type_within_x_rounding(src):
     under 2% of its norm; a wrong lane order or group term moves it by ~100%."""
     tiny, work = src
     model = _model(write_gguf(tiny, work / "mixed.gguf", types=MIXED))
-    layers = [m for m in model.modules() if getattr(m, "gguf_terms", None) is not None]
+    layers = [m for m in model.modules() if getattr(m, "gguf_int8", None)]
     assert len(layers) == 6 and model.lm_head in layers  # the others: float or TQ1_0
+    # each run of a type at its file's bits: Q4_1 | Q5_0 | Q4_1 is three runs
+    assert {w.bits for layer in layers for w in layer.gguf_int8} == {4, 5, 6, 8}
+    assert max(len(layer.gguf_int8) for layer in layers) == 3
     g = torch.Generator().manual_seed(0)
     for layer in layers:
         for rows in (1, 5, layer.gguf_int8_rows):

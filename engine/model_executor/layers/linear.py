@@ -104,7 +104,7 @@ class Linear(nn.Module):
     # GGUF's (quantization/gguf.py): the mins of types that have them, their groups
     gguf_mins: torch.Tensor | None
     gguf_groups: int
-    gguf_terms: torch.Tensor | None  # the int8 kernel's group terms (quantization/gguf_int8)
+    gguf_int8: list  # the int8 kernel's weight, a run of parts each (quantization/gguf_int8)
     gguf_int8_rows: int  # up to which rows it runs
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,

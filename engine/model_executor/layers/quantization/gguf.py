@@ -10,7 +10,9 @@ type (Q4_K_M files give v_proj Q6_K beside Q4_K) takes the widest bits and
 the finest group of its parts: a 4-bit q fits 8 bits, a scale covers two
 half-groups as it covers one. Up to gguf_int8.INT8_MAX_M rows (decode) the
 x86 kernels quantize x to int8 and multiply in integer dot products as
-llama.cpp does (gguf_int8), over the same packed weight."""
+llama.cpp does (gguf_int8), over a weight of the file's bits a value: the same
+packed weight for 4- and 8-bit types, nibbles and high bits for 5- and 6-bit
+ones; a fused layer's parts by runs of one type."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,9 +50,7 @@ class GGUFLinear(WNA16):
         layer.gguf_mins = None
         has_mins = any(u.mins is not None for u in parts)
         layer.gguf_int8_rows = gguf_int8.max_rows()
-        layer.gguf_terms = gguf_int8.pack_group_terms(
-            _cat(scales), _cat(zeros), _cat(mins) if has_mins else None) \
-            if layer.gguf_int8_rows > 0 else None
+        layer.gguf_int8 = _int8_weights(layer, parts) if layer.gguf_int8_rows > 0 else []
         if has_mins:
             m = _cat(mins)  # [N, groups]
             layer.gguf_groups = m.shape[1]
@@ -60,12 +60,14 @@ class GGUFLinear(WNA16):
                 if ops.has_panel_linear() else m.T.contiguous()
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        rows, terms = x.numel() // x.shape[-1], layer.gguf_terms
-        if terms is not None and rows <= layer.gguf_int8_rows:
+        rows, runs = x.numel() // x.shape[-1], layer.gguf_int8
+        if runs and rows <= layer.gguf_int8_rows:
             x2 = x.reshape(rows, x.shape[-1])
+            x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
             out = x2.new_empty(rows, layer.out_features)
-            ops.gguf_int8_linear(out, x2 if x2.stride(-1) == 1 else x2.contiguous(),
-                                 layer.wna16[0], terms, self.bits, layer.wna16_group)
+            for w in runs:  # columns of out: the kernel writes with out's row stride
+                ops.gguf_int8_linear(out if len(runs) == 1 else out[:, w.n0:w.n0 + w.n], x2,
+                                     w.packed, w.high, w.terms, w.bits, w.group, w.zero)
             if layer.bias is not None:
                 out += layer.bias
             return out.view(*x.shape[:-1], layer.out_features)
@@ -86,6 +88,31 @@ class GGUFLinear(WNA16):
             share = torch.mm(sums, mins)
         flat.add_(share)  # in float32, rounded to the output's dtype once
         return out
+
+
+def _int8_weights(layer: Linear, parts: list[Unpacked]) -> list[gguf_int8.Int8Weight]:
+    """The int8 kernel's weight: each run of parts of one type at its own bits
+    and group (a 4- or 8-bit layer of one type shares the wna16 packing); []
+    where a factor is not finite in float16."""
+    runs: list[list[Unpacked]] = []
+    for u in parts:
+        if runs and runs[-1][0].form == u.form:
+            runs[-1].append(u)
+        else:
+            runs.append([u])
+    out, n0 = [], 0
+    for run in runs:
+        form = run[0].form
+        q, scales = _cat([u.q for u in run]), _cat([u.scales for u in run])
+        mins = _cat([u.mins for u in run if u.mins is not None]) if form.has_min else None
+        shared = layer.wna16[0] if len(runs) == 1 and form.value_bits == form.bits else None
+        w = gguf_int8.pack(q, scales, torch.full_like(scales, form.zero, dtype=torch.uint8),
+                           mins, form.value_bits, form.group, n0, shared)
+        if w is None:
+            return []
+        out.append(w)
+        n0 += q.shape[0]
+    return out
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -18,18 +18,20 @@ import torch
 
 @dataclass(frozen=True)
 class Form:
-    """A type's place in the kernels: bits of q (4, or 8 for 5/6/8-bit values),
-    the group its scale covers, its zero point, whether it has a min."""
+    """A type's place in the kernels: bits of q in wna16 (4, or 8 for 5/6/8-bit
+    values), the group its scale covers, its zero point, whether it has a min,
+    and the bits of its values (the int8 kernel streams as many)."""
     bits: int
     group: int
     zero: int
     has_min: bool
+    value_bits: int
 
 
-FORMS = {"Q4_0": Form(4, 32, 8, False), "Q4_1": Form(4, 32, 0, True),
-         "Q5_0": Form(8, 32, 16, False), "Q5_1": Form(8, 32, 0, True),
-         "Q8_0": Form(8, 32, 128, False), "Q4_K": Form(4, 32, 0, True),
-         "Q5_K": Form(8, 32, 0, True), "Q6_K": Form(8, 16, 32, False)}
+FORMS = {"Q4_0": Form(4, 32, 8, False, 4), "Q4_1": Form(4, 32, 0, True, 4),
+         "Q5_0": Form(8, 32, 16, False, 5), "Q5_1": Form(8, 32, 0, True, 5),
+         "Q8_0": Form(8, 32, 128, False, 8), "Q4_K": Form(4, 32, 0, True, 4),
+         "Q5_K": Form(8, 32, 0, True, 5), "Q6_K": Form(8, 16, 32, False, 6)}
 
 
 @dataclass

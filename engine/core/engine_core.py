@@ -52,7 +52,7 @@ class EngineCore:
         spec = c.speculative_config
         self.drafter: NgramProposer | DraftModelProposer | None = None
         if spec is not None and spec.model is not None:
-            self.drafter = DraftModelProposer(spec, c)
+            self.drafter = DraftModelProposer(spec, c, EngineCore)
         elif spec is not None:
             self.drafter = NgramProposer(spec, c.max_model_len)
         if spec:

@@ -9,7 +9,8 @@ target accepted since and its k drafts, and forgets nothing it must undo when
 the target rejects some (they are past the prompt it gets next)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -24,21 +25,20 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: 
 
 
 class DraftModelProposer:
-    def __init__(self, config: SpeculativeConfig, target):
+    def __init__(self, config: SpeculativeConfig, target, engine_core: Callable[..., Any]):
         """target: the target's EngineConfig (its dtype, context and KV cache
-        shape are the draft's too)."""
-        from engine.core.engine_core import EngineCore  # the draft is an engine core too
-
+        shape are the draft's too); engine_core: the EngineCore class (the
+        draft is one too; the core imports this module, not the reverse)."""
         assert config.model is not None, "the draft_model method names its model"
         self.k = config.num_speculative_tokens
         # the smallest blocks: each step the draft recomputes its prompt's last, partial one
         blocks = target.num_blocks * target.block_size // DRAFT_BLOCK
-        self.core = EngineCore(config.model, _DTYPES.get(target.dtype, "auto"),
-                               block_size=DRAFT_BLOCK, num_kv_blocks=blocks,
-                               max_model_len=target.max_model_len,
-                               max_num_seqs=target.max_num_seqs, bind_threads=False,
-                               enable_prefix_caching=True, seed=target.seed,
-                               tokenizer=str(target.tokenizer))
+        self.core = engine_core(config.model, _DTYPES.get(target.dtype, "auto"),
+                                block_size=DRAFT_BLOCK, num_kv_blocks=blocks,
+                                max_model_len=target.max_model_len,
+                                max_num_seqs=target.max_num_seqs, bind_threads=False,
+                                enable_prefix_caching=True, seed=target.seed,
+                                tokenizer=str(target.tokenizer))
         vocab, want = self.core.config.vocab_size, target.model.vocab_size
         if vocab != want:
             raise ValueError(f"speculative_config 'model' {config.model}: its vocabulary has "

@@ -1,7 +1,7 @@
 """The in-tree PEP 517 backend: decide the variant, then delegate.
 
 Each hook maps to scikit_build_core.build with config settings derived from
-tools.build_settings; hooks may run in separate processes, so nothing is kept
+tools.build_plan; hooks may run in separate processes, so nothing is kept
 between them. Requirements come from requirements/build/<variant>.txt, so a
 build environment receives only what this variant needs.
 """
@@ -14,7 +14,8 @@ from functools import wraps
 from scikit_build_core import build as _skbuild
 
 from tools import fingerprint
-from tools.build_settings import BuildSettings, debug, resolve
+from tools.build_plan import BuildSettings, resolve
+from tools.build_settings import debug
 from tools.errors import UserError
 from tools.requirements import REPO_ROOT, build_requirements
 from tools.target import torch_requirement

@@ -3,28 +3,16 @@
 Build-time variables (VLLM_TARGET_DEVICE, VLLM_USE_PRECOMPILED, MAX_JOBS...)
 are parsed here and nowhere else in tools/ (the other modules call the
 accessors below); run-time ones live in engine/envs.py. Each is documented in
-docs/environment-variables.md. tools.variants is imported inside the functions
-that need it: it reads its own settings (VLLM_MAIN_CUDA_VERSION,
-VLLM_TORCH_INDEX_BASE) through this module.
+docs/environment-variables.md. What a build then makes (its variant, whether it
+compiles) is tools/build_plan.py's: this module imports no other of tools/ but
+its errors and paths, so every module may read its variables here.
 """
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
-from email.parser import HeaderParser
-from functools import lru_cache
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-from packaging.version import InvalidVersion, Version
 
 from tools.errors import UserError
-from tools.requirements import REPO_ROOT
-
-if TYPE_CHECKING:
-    from tools.variants import Variant
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
@@ -104,91 +92,35 @@ def precompiled_cache(env: Mapping[str, str] | None = None) -> str:
     return _env(env).get("VLLM_PRECOMPILED_CACHE") or ""
 
 
+def use_precompiled(env: Mapping[str, str] | None = None) -> bool:
+    """VLLM_USE_PRECOMPILED, or a wheel location given: the kernels come prebuilt."""
+    env = _env(env)
+    return env_flag(env, "VLLM_USE_PRECOMPILED") or bool(precompiled_location(env))
+
+
+def max_jobs(env: Mapping[str, str] | None = None) -> int | None:
+    """MAX_JOBS: parallel compile jobs (None: the build tool's default)."""
+    raw = _env(env).get("MAX_JOBS", "").strip()
+    if not raw:
+        return None
+    try:
+        jobs = int(raw)
+        if jobs < 1:
+            raise ValueError
+    except ValueError:
+        raise UserError(f"MAX_JOBS={raw!r} must be a positive integer") from None
+    return jobs
+
+
+def detection_env(env: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """The variables device detection (tools.target) reads, sorted: its cache key."""
+    return tuple(sorted((k, v) for k, v in _env(env).items()
+                        if k.startswith(("VLLM_", "ROCM_PATH", "CUDA"))))
+
+
 def allow_csrc_changes(env: Mapping[str, str] | None = None) -> bool:
     """VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES: only a true value allows (anything
     else, an unparsable value too, is the safe "no")."""
     return _env(env).get("VLLM_PRECOMPILED_ALLOW_CSRC_CHANGES", "").strip().lower() in TRUE
 
 
-@dataclass(frozen=True)
-class BuildSettings:
-    variant: Variant
-    precompiled: bool
-    max_jobs: int | None
-    compiler_launcher: str | None
-
-    @property
-    def compiles(self) -> bool:
-        return self.variant.compiles and not self.precompiled
-
-
-def sdist_variant(root: Path, env: Mapping[str, str]) -> Variant | None:
-    """The variant an unpacked sdist was made for, from its PKG-INFO Version
-    (None in a git checkout). Version and Requires-Dist of an sdist are fixed
-    for its variant, so it builds wheels of that variant only."""
-    from tools.variants import VARIANTS, main_cuda_variant
-
-    pkg_info = root / "PKG-INFO"
-    if not pkg_info.is_file() or (root / ".git").exists():
-        return None
-    version = HeaderParser().parsestr(pkg_info.read_text(errors="replace"))["Version"] or ""
-    try:
-        local = Version(version).local or ""
-    except InvalidVersion:
-        raise UserError(f"{pkg_info}: Version {version!r} is not a PEP 440 version") from None
-    labels = [part for part in local.split(".") if part in VARIANTS]
-    # A plain X.Y.Z is the main CUDA variant's release (tools/version.py).
-    return VARIANTS[labels[-1]] if labels else main_cuda_variant(env)
-
-
-def target_variant(env: Mapping[str, str], root: Path = REPO_ROOT) -> Variant:
-    """cpu/xpu/empty name their variant; a GPU generation (cu129 or cu130,
-    rocm700 or rocm721) and an unset device are left to tools.target, which
-    consults VLLM_MAIN_CUDA_VERSION, then the build environment's torch, then
-    the driver. An sdist builds its own variant, and refuses another."""
-    device = target_device(env)
-    forced = precompiled_variant(env)
-    made_for = sdist_variant(root, env)
-    if made_for is not None and not device and not forced:
-        return made_for
-    chosen = _chosen(env, device, forced)
-    if made_for is not None and chosen.label != made_for.label:
-        raise UserError(
-            f"this sdist was made for the {made_for.label} variant and builds {made_for.label} "
-            f"wheels only (not {chosen.label}): unset VLLM_TARGET_DEVICE or set it to "
-            f"{made_for.device}, or make an sdist for {chosen.label} from a git checkout "
-            f"(VLLM_TARGET_DEVICE={chosen.device} uv build --sdist)")
-    return chosen
-
-
-def _chosen(env: Mapping[str, str], device: str, forced: str) -> Variant:
-    from tools.variants import VARIANTS, check_device
-
-    if device and check_device(device) in ("cpu", "xpu", "empty") and not forced:
-        return VARIANTS[device]
-    return _detected(tuple(sorted((k, v) for k, v in env.items() if k.startswith(
-        ("VLLM_", "ROCM_PATH", "CUDA")))))
-
-
-@lru_cache(maxsize=8)
-def _detected(relevant: tuple[tuple[str, str], ...]) -> Variant:
-    """Detection, once per process for the same settings: the metadata
-    provider and every hook ask, and probing may import torch."""
-    from tools.target import detect
-
-    return detect(dict(relevant)).variant
-
-
-def resolve(env: Mapping[str, str] | None = None) -> BuildSettings:
-    env = os.environ if env is None else env
-    precompiled = env_flag(env, "VLLM_USE_PRECOMPILED") or bool(precompiled_location(env))
-    max_jobs = None
-    if env.get("MAX_JOBS", "").strip():
-        try:
-            max_jobs = int(env["MAX_JOBS"])
-            if max_jobs < 1:
-                raise ValueError
-        except ValueError:
-            raise UserError(f"MAX_JOBS={env['MAX_JOBS']!r} must be a positive integer") from None
-    launcher = next((tool for tool in ("sccache", "ccache") if shutil.which(tool)), None)
-    return BuildSettings(target_variant(env), precompiled, max_jobs, launcher)

@@ -5,7 +5,7 @@ requirements are requirements/<variant>.txt (tools.requirements).
 """
 from __future__ import annotations
 
-from tools.build_settings import resolve
+from tools.build_plan import resolve
 from tools.requirements import REPO_ROOT, runtime_requirements
 from tools.variants import is_default_variant
 from tools.version import scm_version, with_variant

@@ -9,7 +9,7 @@ import pytest
 
 import use_existing_torch
 from tools import build_backend
-from tools.build_settings import resolve
+from tools.build_plan import resolve
 from tools.errors import UserError
 from tools.requirements import read_requirements, runtime_requirements
 from tools.version import with_variant
@@ -158,7 +158,7 @@ def _sdist_tree(tmp_path, version: str) -> Path:
     ("1.2.0+empty", "empty"), ("1.2.0", "cu130"),  # a plain release is the main CUDA variant
 ])
 def test_an_sdist_builds_its_own_variant(in_repo, tmp_path, version, variant):
-    from tools.build_settings import sdist_variant, target_variant
+    from tools.build_plan import sdist_variant, target_variant
 
     root = _sdist_tree(tmp_path, version)
     assert sdist_variant(root, {}).label == variant
@@ -167,7 +167,7 @@ def test_an_sdist_builds_its_own_variant(in_repo, tmp_path, version, variant):
 
 
 def test_an_sdist_refuses_another_target(in_repo, tmp_path):
-    from tools.build_settings import target_variant
+    from tools.build_plan import target_variant
 
     root = _sdist_tree(tmp_path, "0.1.dev3+g1a2b3c4.cpu")
     with pytest.raises(UserError, match=r"this sdist was made for the cpu variant and builds "

@@ -24,11 +24,12 @@ namespace {
 // Output columns an expand block: four AVX-512 (eight AVX2) accumulators
 // held across the ranks.
 constexpr int64_t kCols = 64;
-// Multiply-adds below which the tokens run on the calling thread (about a
-// millisecond's work): a parallel region's wake-up is tens of microseconds on
-// idle cores, and milliseconds where other work keeps them busy (2-core Xeon,
-// 2 threads: 6-7 ms a call where one thread took 0.2 ms).
-constexpr int64_t kThreadMacs = int64_t{1} << 24;
+// Multiply-adds below which the tokens run on the calling thread, as the other
+// decode kernels (wna16: 2^18): on a quiet 2-core Xeon, 16 requests over 4
+// adapters went 0.76x -> 0.78-0.80x the base's tok/s with a decode step's term
+// on both threads (at 2^24 it ran on one). Where other work keeps the cores busy a
+// parallel region costs milliseconds (6-7 ms a call measured under load).
+constexpr int64_t kThreadMacs = int64_t{1} << 18;
 
 // h[i] = x . a[i] for the n rows of a [n, K]: four rows a pass share the loads
 // of x and keep four independent sums in flight.

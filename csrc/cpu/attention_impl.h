@@ -106,10 +106,14 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
 
       // logits[g, t] = q_g . k_t
 #ifdef ENGINE_VEC_WIDTH
+      // fn(t, row t of cache): this kv head's rows in place, the next fetched ahead
+      auto each_row = [&](const T* cache, auto fn) {
+        for (int64_t t = 0; t < len; ++t)
+          fn(t, row_fetching_ahead(cache, table, t, len, block_size, block_stride,
+                                   kh * head_stride, head_size));
+      };
       if (vec_heads) {
-        for (int64_t t = 0; t < len; ++t) {
-          const T* k = row_fetching_ahead(key_cache, table, t, len, block_size, block_stride,
-                                          kh * head_stride, head_size);
+        each_row(key_cache, [&](int64_t t, const T* k) {
           for (int64_t g = 0; g < group; ++g) {
             const float* qg = q + g * head_size;
             VecF a0 = vset1(0.f), a1 = vset1(0.f);
@@ -119,7 +123,7 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
             }
             logits[g * len + t] = vsum(vadd(a0, a1));
           }
-        }
+        });
       } else
 #endif
       for (int64_t t = 0; t < len; ++t) {
@@ -155,15 +159,13 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
       for (int64_t i = 0; i < group * head_size; ++i) acc[i] = 0.f;
 #ifdef ENGINE_VEC_WIDTH
       if (vec_heads) {
-        for (int64_t t = 0; t < len; ++t) {
-          const T* v = row_fetching_ahead(value_cache, table, t, len, block_size, block_stride,
-                                          kh * head_stride, head_size);
+        each_row(value_cache, [&](int64_t t, const T* v) {
           for (int64_t g = 0; g < group; ++g) {
             const VecF p = vset1(logits[g * len + t]);
             float* ag = acc + g * head_size;
             for (int64_t i = 0; i < head_size; i += W) vstore(ag + i, vfma(p, vload(v + i), vload(ag + i)));
           }
-        }
+        });
       } else
 #endif
       for (int64_t t = 0; t < len; ++t) {

@@ -21,12 +21,17 @@ using namespace engine::checks;
 
 constexpr int kMaxThreads = 1024;
 
+// launch(T{}, stream) for t's element type (float or bfloat16), on `on`'s device
+// and its current stream; then the launch's error check
 template <typename F>
-void by_dtype(at::ScalarType t, F&& launch) {
+void launch_on(const at::Tensor& on, at::ScalarType t, F&& launch) {
+  const c10::cuda::CUDAGuard guard(on.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (t == at::kFloat)
-    launch(float{});
+    launch(float{}, stream);
   else
-    launch(c10::BFloat16{});
+    launch(c10::BFloat16{}, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 int threads_for(int64_t work) {
@@ -222,43 +227,34 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
               double epsilon) {
   Rows r = prepare_rms_norm(out, input, weight, epsilon, at::kCUDA);
   if (r.rows == 0) return;
-  const c10::cuda::CUDAGuard guard(input.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  by_dtype(r.dtype, [&](auto tag) {
+  launch_on(input, r.dtype, [&](auto tag, cudaStream_t stream) {
     using T = decltype(tag);
     rms_norm_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
         r.b.data_ptr<T>(), r.a.const_data_ptr<T>(), weight.const_data_ptr<T>(), r.width,
         r.a.stride(0), r.b.stride(0), static_cast<float>(epsilon));
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
                         double epsilon) {
   Rows r = prepare_fused_add_rms_norm(input, residual, weight, epsilon, at::kCUDA);
   if (r.rows == 0) return;
-  const c10::cuda::CUDAGuard guard(input.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  by_dtype(r.dtype, [&](auto tag) {
+  launch_on(input, r.dtype, [&](auto tag, cudaStream_t stream) {
     using T = decltype(tag);
     fused_add_rms_norm_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
         r.a.data_ptr<T>(), r.b.data_ptr<T>(), weight.const_data_ptr<T>(), r.width,
         r.a.stride(0), r.b.stride(0), static_cast<float>(epsilon));
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   Rows r = prepare_silu_and_mul(out, input, at::kCUDA);
   if (r.rows == 0) return;
-  const c10::cuda::CUDAGuard guard(input.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  by_dtype(r.dtype, [&](auto tag) {
+  launch_on(input, r.dtype, [&](auto tag, cudaStream_t stream) {
     using T = decltype(tag);
     silu_and_mul_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
         r.b.data_ptr<T>(), r.a.const_data_ptr<T>(), r.width, r.a.stride(0), r.b.stride(0));
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
@@ -266,9 +262,7 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
                       const at::Tensor& cos_sin_cache, bool is_neox) {
   Rotary r = prepare_rotary(positions, query, key, head_size, cos_sin_cache, at::kCUDA);
   if (r.tokens == 0) return;
-  const c10::cuda::CUDAGuard guard(query.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  by_dtype(r.dtype, [&](auto tag) {
+  launch_on(query, r.dtype, [&](auto tag, cudaStream_t stream) {
     using T = decltype(tag);
     const int64_t* pos = r.positions.const_data_ptr<int64_t>();
     rotary_kernel<T><<<r.tokens, threads_for(r.q.heads * r.rot_dim / 2), 0, stream>>>(
@@ -279,7 +273,6 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
           pos, key->data_ptr<T>(), cos_sin_cache.const_data_ptr<T>(), r.k.heads,
           r.k.token_stride, r.k.head_stride, r.rot_dim, cos_sin_cache.stride(0), is_neox);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
@@ -287,9 +280,7 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   CacheShape c =
       prepare_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, at::kCUDA);
   if (key.size(0) == 0) return;
-  const c10::cuda::CUDAGuard guard(key.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  by_dtype(key.scalar_type(), [&](auto tag) {
+  launch_on(key, key.scalar_type(), [&](auto tag, cudaStream_t stream) {
     using T = decltype(tag);
     reshape_and_cache_kernel<T><<<key.size(0), threads_for(c.kv_heads * c.head_size), 0,
                                   stream>>>(
@@ -298,7 +289,6 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
         c.head_size, c.block_size, key.stride(0), key.stride(1), value.stride(0),
         value.stride(1));
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -313,10 +303,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   // a grid's second dimension holds at most 65535 blocks (the first 2^31 - 1)
   TORCH_CHECK_VALUE(a.seqs <= 65535, "paged_attention: ", a.seqs, " sequences in one batch; "
                     "the CUDA kernel takes at most 65535 (lower max_num_seqs)");
-  const c10::cuda::CUDAGuard guard(query.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
   dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.seqs));
-  by_dtype(a.dtype, [&](auto tag) {
+  launch_on(query, a.dtype, [&](auto tag, cudaStream_t stream) {
     using T = decltype(tag);
     paged_attention_kernel<T><<<grid, 32 * kAttnWarps, 0, stream>>>(
         out.data_ptr<T>(), query.const_data_ptr<T>(), key_cache.const_data_ptr<T>(),
@@ -326,7 +314,6 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
         static_cast<int>(a.cache.block_size), static_cast<int>(a.max_blocks),
         static_cast<float>(scale));
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace cuda

@@ -223,28 +223,36 @@ __global__ void paged_attention_kernel(T* __restrict__ out, const T* __restrict_
 
 }  // namespace
 
+namespace {
+
+// A norm kernel over r's rows, a block a row: kernel_for(T{}) the kernel, given
+// (first, second, weight, width, a's row stride, b's, epsilon)
+template <typename KernelFor>
+void launch_norm(const Rows& r, const at::Tensor& first, const at::Tensor& second,
+                 const at::Tensor& weight, double epsilon, KernelFor kernel_for) {
+  if (r.rows == 0) return;
+  launch_on(first, r.dtype, [&](auto tag, cudaStream_t stream) {
+    using T = decltype(tag);
+    kernel_for(tag)<<<r.rows, threads_for(r.width), 0, stream>>>(
+        first.data_ptr<T>(), second.data_ptr<T>(), weight.const_data_ptr<T>(), r.width,
+        r.a.stride(0), r.b.stride(0), static_cast<float>(epsilon));
+  });
+}
+
+}  // namespace
+
 void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
               double epsilon) {
   Rows r = prepare_rms_norm(out, input, weight, epsilon, at::kCUDA);
-  if (r.rows == 0) return;
-  launch_on(input, r.dtype, [&](auto tag, cudaStream_t stream) {
-    using T = decltype(tag);
-    rms_norm_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
-        r.b.data_ptr<T>(), r.a.const_data_ptr<T>(), weight.const_data_ptr<T>(), r.width,
-        r.a.stride(0), r.b.stride(0), static_cast<float>(epsilon));
-  });
+  launch_norm(r, r.b, r.a, weight, epsilon,
+              [](auto tag) { return &rms_norm_kernel<decltype(tag)>; });
 }
 
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
                         double epsilon) {
   Rows r = prepare_fused_add_rms_norm(input, residual, weight, epsilon, at::kCUDA);
-  if (r.rows == 0) return;
-  launch_on(input, r.dtype, [&](auto tag, cudaStream_t stream) {
-    using T = decltype(tag);
-    fused_add_rms_norm_kernel<T><<<r.rows, threads_for(r.width), 0, stream>>>(
-        r.a.data_ptr<T>(), r.b.data_ptr<T>(), weight.const_data_ptr<T>(), r.width,
-        r.a.stride(0), r.b.stride(0), static_cast<float>(epsilon));
-  });
+  launch_norm(r, r.a, r.b, weight, epsilon,
+              [](auto tag) { return &fused_add_rms_norm_kernel<decltype(tag)>; });
 }
 
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {

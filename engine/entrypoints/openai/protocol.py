@@ -52,6 +52,9 @@ TokenId = Annotated[Int, Field(json_schema_extra=TOKEN_ID)]
 Text = Annotated[StrictStr, Field(json_schema_extra={"minLength": 1})]  # non-empty
 
 
+# SamplingParams' bounds of the fields the Responses API shares
+TEMPERATURE: JsonDict = {"minimum": 0, "maximum": MAX_TEMPERATURE}
+TOP_P: JsonDict = {"exclusiveMinimum": 0, "maximum": 1}
 # a field upstream has and this engine refuses unless unset
 REFUSED: JsonDict = {"anyOf": [{"type": "null"}],
                      "description": "not supported by this engine: leave unset"}
@@ -118,10 +121,8 @@ class _Sampling(_VllmFields):
 
     model: StrictStr | None = None
     max_tokens: Int | None = Field(default=None, ge=1, json_schema_extra=CONTEXT)
-    temperature: Number | None = Field(
-        default=None, json_schema_extra={"minimum": 0, "maximum": MAX_TEMPERATURE})
-    top_p: Number | None = Field(
-        default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    temperature: Number | None = Field(default=None, json_schema_extra=TEMPERATURE)
+    top_p: Number | None = Field(default=None, json_schema_extra=TOP_P)
     top_k: Int | None = Field(default=None, json_schema_extra={"minimum": -1})
     min_p: Number | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 1})
     seed: Int | None = Seed

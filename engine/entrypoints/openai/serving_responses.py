@@ -18,6 +18,8 @@ from pydantic.config import JsonDict
 
 from engine.entrypoints.openai.openapi_limits import CONTEXT
 from engine.entrypoints.openai.protocol import (
+    TEMPERATURE,
+    TOP_P,
     ChatCompletionRequest,
     Int,
     Number,
@@ -34,7 +36,6 @@ from engine.entrypoints.openai.serving_engine import (
     sse,
     unless_disconnected,
 )
-from engine.sampling_params import MAX_TEMPERATURE
 
 _TEXT: JsonDict = {"type": "object", "required": ["type", "text"], "properties": {
     "type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}
@@ -51,10 +52,8 @@ class ResponsesRequest(BaseModel):
         json_schema_extra={"minItems": 1, "items": INPUT_MESSAGE})]
     instructions: StrictStr | None = None
     max_output_tokens: Int | None = Field(default=None, ge=1, json_schema_extra=CONTEXT)
-    temperature: Number | None = Field(
-        default=None, json_schema_extra={"minimum": 0, "maximum": MAX_TEMPERATURE})
-    top_p: Number | None = Field(
-        default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    temperature: Number | None = Field(default=None, json_schema_extra=TEMPERATURE)
+    top_p: Number | None = Field(default=None, json_schema_extra=TOP_P)
     stream: StrictBool | None = False
     metadata: dict | None = None
 

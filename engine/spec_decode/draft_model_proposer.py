@@ -12,16 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
-
 from engine.core.messages import EngineCoreRequest
 from engine.core.sequence import Sequence
+from engine.model_executor.layers.linear import dtype_name
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram_proposer import draft_budget
 
 DRAFT_BLOCK = 32
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class DraftModelProposer:
@@ -33,7 +31,7 @@ class DraftModelProposer:
         self.k = config.num_speculative_tokens
         # the smallest blocks: each step the draft recomputes its prompt's last, partial one
         blocks = target.num_blocks * target.block_size // DRAFT_BLOCK
-        self.core = engine_core(config.model, _DTYPES.get(target.dtype, "auto"),
+        self.core = engine_core(config.model, dtype_name(target.dtype),
                                 block_size=DRAFT_BLOCK, num_kv_blocks=blocks,
                                 max_model_len=target.max_model_len,
                                 max_num_seqs=target.max_num_seqs, bind_threads=False,

@@ -47,8 +47,8 @@ else()
   set(_isas generic)
   set(_flags_generic "")
 endif()
-# the LoRA term (punica's bgmv), portable: every code path
-list(APPEND _kernel_src csrc/cpu/lora_impl.cpp)
+include(cmake/cpu_portable.cmake)
+list(APPEND _kernel_src ${VLLM_CPU_PORTABLE_KERNEL_SRC})
 
 foreach(_isa IN LISTS _isas)
   # Kernels include no torch header: they must not share inline code with the

@@ -243,6 +243,44 @@ void paged_attention(const char* isa, const KernelTable& k, DType dt, int64_t se
         out, want, dt == DType::kFloat32 ? 5.0 : 1.0);
 }
 
+// Two adapters (ranks 8 and 3 of max 8) over three slices of uneven widths;
+// tokens of slot 0, slot 1 and none, interleaved.
+void lora_add(const char* isa, const KernelTable& k, DType dt, int64_t tokens, int64_t K) {
+  const int64_t slices = 3, max_rank = 8, loras = 2;
+  const int64_t bounds[] = {0, 70, 100, 229};
+  const int32_t ranks[] = {8, 3};
+  const int64_t N = bounds[slices];
+  std::vector<int32_t> slot(tokens);
+  for (int64_t t = 0; t < tokens; ++t) slot[t] = static_cast<int32_t>(t % 3) - 1;
+  Buf x(dt, tokens * K), a(dt, loras * slices * max_rank * K, -0.2f, 0.2f),
+      bt(dt, loras * max_rank * N, -0.2f, 0.2f), out(dt, tokens * N);
+  for (int64_t s = 0; s < loras; ++s)  // the padded ranks are zeros, as the caller keeps them
+    for (int64_t j = 0; j < slices; ++j)
+      for (int64_t r = ranks[s]; r < max_rank; ++r)
+        for (int64_t i = 0; i < K; ++i) a.set(((s * slices + j) * max_rank + r) * K + i, 0.f);
+  std::vector<double> want(tokens * N);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t n = 0; n < N; ++n) want[t * N + n] = out.at(t * N + n);
+    if (slot[t] < 0) continue;
+    const int64_t s = slot[t];
+    for (int64_t j = 0; j < slices; ++j)
+      for (int64_t r = 0; r < ranks[s]; ++r) {
+        double h = 0;
+        for (int64_t i = 0; i < K; ++i)
+          h += double(x.v[t * K + i]) * a.v[((s * slices + j) * max_rank + r) * K + i];
+        for (int64_t n = bounds[j]; n < bounds[j + 1]; ++n)
+          want[t * N + n] += h * bt.v[(s * max_rank + r) * N + n];
+      }
+  }
+  const int64_t status = k.lora_add(dt, out.data(), x.data(), a.data(), bt.data(), slot.data(),
+                                    ranks, bounds, tokens, slices, max_rank, K, K, N);
+  if (status != 0) {
+    printf("FAIL %-9s lora_add returned %lld\n", isa, static_cast<long long>(status));
+    ++failures;
+  }
+  check(isa, "lora_add", dt, std::to_string(tokens) + "t K" + std::to_string(K), out, want, 2.0);
+}
+
 void run_all(const char* isa, const KernelTable& k) {
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
     const int64_t rh[][2] = {{1, 1}, {1, 17}, {7, 128}, {33, 4097}, {3, 4096}};
@@ -263,6 +301,8 @@ void run_all(const char* isa, const KernelTable& k) {
     paged_attention(isa, k, dt, 4, 8, 2, 64, 16, 100);    // GQA 4
     paged_attention(isa, k, dt, 3, 8, 8, 36, 32, 70);     // MHA, odd head size
     paged_attention(isa, k, dt, 2, 16, 2, 128, 32, 513);  // GQA 8
+    lora_add(isa, k, dt, 1, 64);
+    lora_add(isa, k, dt, 7, 300);
   }
 }
 

@@ -55,7 +55,7 @@ def test_every_op_of_every_table_matches_the_reference(kernel_check):
     assert summary.endswith(" 0 failed") and "on 3 kernel tables" in summary, summary
     for isa in ("neon", "neon_bf16", "generic"):
         for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
-                   "reshape_and_cache", "paged_attention"):
+                   "reshape_and_cache", "paged_attention", "lora_add"):
             for dt in ("fp32", "bf16"):
                 assert any(line.split()[1:4] == [isa, op, dt] for line in proc.stdout.splitlines()), \
                     f"{isa} {op} {dt} was not checked"

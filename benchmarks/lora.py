@@ -11,7 +11,7 @@ pinned to --threads), its sides in turns, each timed at its best round of
 --rounds: the machine is shared, and a neighbour's burst should not fall on
 one side only.
 
-    python benchmarks/lora.py [--model-size small] [--new 64] [--rounds 3] [--peer vllm] [--check]
+    python benchmarks/lora.py [--model-size small] [--new 64] [--rounds 3] [--peer vllm] [--check] [--record]
 """
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
               f"{peer['lora']:.1f} tok/s; greedy ids equal for {same}/{REQUESTS} requests")
         targets.record(f"{ADAPTERS} adapters vs vllm's", ours["lora"] / peer["lora"],
                        TARGET_VS_PEER)
-    return targets.finish(a.check)
+    return targets.finish(a.check, "lora" if a.record else None)
 
 
 if __name__ == "__main__":

@@ -206,6 +206,13 @@ def lora_add(out: torch.Tensor, input: torch.Tensor, lora_a: torch.Tensor,
     fn(out, input, lora_a, lora_bt, token_slot, ranks, bounds)
 
 
+def lora_add_kernel():
+    """lora_add's compiled op itself, for a caller that checked its arguments
+    once and calls it every step (a decode step's layers); None where the
+    build has no CPU kernels."""
+    return torch.ops._C.lora_add.default if has_lora_kernel() else None
+
+
 def has_lora_kernel() -> bool:
     """Whether the build has the LoRA kernel (every CPU code path does)."""
     return BUILD_INFO.device == "cpu" and BUILD_INFO.has_kernels

@@ -62,6 +62,7 @@ class LinearWithLoRA(nn.Module):
                              persistent=False)
         self.bounds = self.offsets + [sum(slices)]  # each slice's columns, for the kernel
         self.active = [False] * max_loras  # whether the slot adapts this layer
+        self._kernel: tuple | None = None  # ops.lora_add's op and fixed arguments (set_slot)
         self.any_active = False
         # multiply-adds of one token's term per slot (the shrink of every slice, the expand)
         self.macs_per_slot = max_rank * (len(slices) * fan_in + sum(slices))
@@ -83,20 +84,24 @@ class LinearWithLoRA(nn.Module):
         self.active[slot] = bool(parts)
         self.ranks[slot] = rank if parts else 0
         self.any_active = any(self.active)
+        op = ops.lora_add_kernel()
+        # A [slots, slices, rank, in], Bt [slots, rank, out]: views of the buffers
+        self._kernel = None if op is None else (
+            op, self.slot_a.view(n_slots, n_slices, r, self.fan_in),
+            self.lora_bt.view(n_slots, r, -1), self.ranks, self.bounds)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         mapping = get_context().lora_mapping
         if mapping is None or not self.any_active:
             return out
-        x2, o2 = x.reshape(-1, self.fan_in), out.view(-1, out.shape[-1])
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.fan_in)
+        o2 = out if out.dim() == 2 else out.view(-1, out.shape[-1])
         most = KERNEL_MAX_TOKENS_ONE if mapping.slot is not None else KERNEL_MAX_TOKENS_MIXED
-        if x2.shape[0] <= most and ops.has_lora_kernel():
-            # A [slots, slices, rank, in], Bt [slots, rank, out]
-            r, n_slots = self.max_rank, self.max_loras
-            ops.lora_add(o2, x2, self.slot_a.view(n_slots, len(self.slices), r, self.fan_in),
-                         self.lora_bt.view(n_slots, r, -1), mapping.token_slot, self.ranks,
-                         self.bounds)
+        if x2.shape[0] <= most and self._kernel is not None:
+            # a decode step runs this once a layer: its arguments are made once (set_slot)
+            op, a, bt, ranks, bounds = self._kernel
+            op(o2, x2, a, bt, mapping.token_slot, ranks, bounds)
             return out
         slots = 1 if mapping.slot is not None else self.max_loras
         threads = torch.get_num_threads()

@@ -107,8 +107,9 @@ def test_both_term_paths_equal_the_merged_models(lora, merged, path, monkeypatch
     most = 1 << 20 if path == "kernel" else -1
     monkeypatch.setattr(layers, "KERNEL_MAX_TOKENS_ONE", most)
     monkeypatch.setattr(layers, "KERNEL_MAX_TOKENS_MIXED", most)
-    calls, real = [], ops.lora_add
-    monkeypatch.setattr(ops, "lora_add", lambda *a: calls.append(1) or real(*a))
+    calls, real = [], ops.lora_add_kernel()
+    monkeypatch.setattr(ops, "lora_add_kernel",
+                        lambda: real and (lambda *a: calls.append(1) or real(*a)))
     llm = LLM(lora / "base", "float32", enable_lora=True, max_loras=3, max_lora_rank=16,
               **ARGS)
     assert _ids(llm, lora_request=_req(lora, "a1")) == merged["a1"]

@@ -258,6 +258,13 @@ LARGE_M_ROWS = {
     ("avx512", "float32"): 512, ("avx512", "bfloat16"): 512,
     ("avx2", "float32"): 128,
 }
+#: The same where the CPU has AMX tiles (Intel Xeon from Sapphire Rapids), whose
+#: oneDNN float32 GEMMs are ahead sooner. Measured on a quiet 2-core Sapphire
+#: Rapids, the small Llama's shapes (K x N = 512 x 1536, 512 x 512, 512 x 2752,
+#: 1376 x 512), GMAC/s panels / oneDNN: M=128 161/166, 147/165, 168/161,
+#: 155/173; M=256 166/174, 150/172, 170/168, 159/181; a 500-token prefill
+#: 113 -> 106-107 ms (benchmarks/prefill.py, the same run's vLLM 108 ms).
+LARGE_M_ROWS_AMX = {("avx512_bf16", "float32"): 128}
 
 
 @dataclass(frozen=True)
@@ -284,7 +291,9 @@ def choose_large_m(dtype: str, isa: str | None, linear: LinearChoice,
     if requested is not None:
         return LargeMChoice(requested, mode, f"VLLM_CPU_LINEAR_LARGE_M={requested}: {how} "
                                              f"from {requested} rows (a second weight copy)")
-    rows = LARGE_M_ROWS.get((isa or "", dtype))
+    key = (isa or "", dtype)
+    rows = LARGE_M_ROWS_AMX.get(key) if "amx_tile" in features.flags else None
+    rows = rows or LARGE_M_ROWS.get(key)
     if rows is None:
         return LargeMChoice(None, PANELS, f"no crossover measured for {isa} {dtype}")
     return LargeMChoice(rows, mode, f"{how} from {rows} rows, as measured for {isa} {dtype} "

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from engine import envs, ops
 from engine.model_executor.layers import linear
 from engine.platforms import cpu_features as cf
-from test_cpu_features import EPYC_AVX2, TORCH, ZEN4, features
+from test_cpu_features import EPYC_AVX2, TORCH, XEON_AMX, ZEN4, features
 
 PANELS = cf.LinearChoice(cf.PANELS, "")
 
@@ -19,6 +19,8 @@ PANELS = cf.LinearChoice(cf.PANELS, "")
 @pytest.mark.parametrize("isa,flags,dtype,rows,mode", [
     ("avx512_bf16", ZEN4, "bfloat16", 512, cf.PREPACKED),
     ("avx512_bf16", ZEN4, "float32", 512, cf.PREPACKED),
+    ("avx512_bf16", XEON_AMX, "float32", 128, cf.PREPACKED),  # oneDNN ahead sooner there
+    ("avx2", XEON_AMX, "float32", 128, cf.PREPACKED),         # capped: the avx2 crossover
     ("avx2", EPYC_AVX2, "float32", 128, cf.PREPACKED),
     ("avx2", EPYC_AVX2, "bfloat16", None, cf.PANELS),   # no oneDNN bf16 there: panels always
 ])

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
+from engine.entrypoints.openai.openapi_limits import ROUTE_TASKS
 from engine.entrypoints.openai.protocol import Int
 from engine.entrypoints.openai.serving_engine import (
     APIError,
@@ -68,8 +69,10 @@ class ClassificationRequest(BaseModel):
     input: Input
 
 
-def check_model(state: ServerState, name: str | None, task: str, route: str) -> str:
-    """The served name; 404 for another model, 400 when the model does not do `task`."""
+def check_model(state: ServerState, name: str | None, route: str) -> str:
+    """The served name; 404 for another model, 400 when the model does not do
+    the route's task (ROUTE_TASKS, which /openapi.json's routes follow too)."""
+    task = ROUTE_TASKS[route]
     if name is not None and name not in state.model_names:
         raise APIError(404, f"The model `{name}` does not exist; this server serves "
                        f"{', '.join(state.model_names)}", "model")
@@ -133,7 +136,7 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, request: 
                            obj: str = "embedding"):
     """/v1/embeddings (obj "embedding") and /pooling (obj "pooling")."""
     route = "/v1/embeddings" if obj == "embedding" else "/pooling"
-    name = check_model(state, body.model, "embed", route)
+    name = check_model(state, body.model, route)
     refuse_unsupported(body)
     params = PoolingParams(task="embed", dimensions=body.dimensions, normalize=body.normalize)
     try:
@@ -154,7 +157,7 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, request: 
 
 async def create_classification(state: ServerState, body: ClassificationRequest,
                                 request: Request):
-    name = check_model(state, body.model, "classify", "/classify")
+    name = check_model(state, body.model, "/classify")
     refuse_unsupported(body)
     inputs = EmbeddingRequest(input=body.input).inputs()
     seqs = await pool(state, request, inputs, PoolingParams(task="classify"), "input")

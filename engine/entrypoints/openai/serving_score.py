@@ -79,7 +79,7 @@ async def scores(state: ServerState, request: Request, firsts: list[str], second
 
 
 async def create_score(state: ServerState, body: ScoreRequest, request: Request):
-    name = check_model(state, body.model, "score", "/score")
+    name = check_model(state, body.model, "/score")
     refuse_unsupported(body)
     firsts, seconds = pairs_of(body.text_1, body.text_2)
     got = await scores(state, request, firsts, seconds, "text_2")
@@ -92,7 +92,7 @@ async def create_score(state: ServerState, body: ScoreRequest, request: Request)
 
 
 async def create_rerank(state: ServerState, body: RerankRequest, request: Request):
-    name = check_model(state, body.model, "score", "/rerank")
+    name = check_model(state, body.model, "/rerank")
     refuse_unsupported(body)
     if not body.documents:
         raise APIError(400, "documents: give at least one document", "documents")

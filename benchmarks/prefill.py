@@ -160,7 +160,7 @@ def main() -> int:
     from benchmarks.peer import PEER_PYTHON, peer_env
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-size", default="small", choices=["tiny", "small", "large"])
+    p.add_argument("--model-size", default="small", choices=["tiny", "small", "large", "smollm"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--all", action="store_true", help="small float32 and large bfloat16")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))

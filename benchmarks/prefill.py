@@ -4,7 +4,7 @@ run: VLLM_PREFILL_ATTENTION=sdpa and VLLM_CPU_LINEAR_LARGE_M=0, i.e. torch's SDP
 and the panel kernel for every GEMM) and, where it is installed, upstream vLLM's
 CPU engine; each engine in its own process, same checkpoint, same prompts.
 
-    python benchmarks/prefill.py [--model-size small|large] [--dtype float32|bfloat16]
+    python benchmarks/prefill.py [--model-size small|large|smollm] [--dtype float32|bfloat16]
     python benchmarks/prefill.py --all          # small float32 and large bfloat16
     python benchmarks/prefill.py --lengths 500  # fewer lengths
 

@@ -189,9 +189,9 @@ def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearS
 
     Measured on the benchmark's 435M-parameter Llama (benchmarks/kernels.py
     --linear): the panel kernel streams the weight at decode faster than
-    oneDNN's prepacked weights (float32 and bfloat16 without AMX), except that
-    with AMX oneDNN's bfloat16 path computes several times faster once a step
-    has more than a few rows, so AMX keeps oneDNN for bfloat16."""
+    oneDNN's prepacked weights. With AMX, oneDNN's bfloat16 path computes
+    several times faster once a step has more than a few rows: choose_large_m
+    sends those steps to it (LARGE_M_ROWS_AMX)."""
     onednn = _onednn_choice(dtype, features, torch_support)
     has_panels = panels and dtype in ("float32", "bfloat16")
     dot = ("; it multiplies bfloat16 in k pairs with AVX512_BF16 dot products"
@@ -209,9 +209,6 @@ def choose_linear(dtype: str, features: CpuFeatures, torch_support: TorchLinearS
                                   + (f": the engine's panel kernel{dot}" if mode == PANELS else ""))
     if not has_panels:
         return onednn
-    if dtype == "bfloat16" and onednn.mode == PREPACKED and "amx_bf16" in features.flags:
-        return LinearChoice(PREPACKED, "the CPU has AMX, and oneDNN's bfloat16 path computes "
-                                       "with it")
     return LinearChoice(PANELS, f"the engine's panel kernel streams {dtype} weights at "
                                 f"decode faster than oneDNN or F.linear{dot}")
 
@@ -264,7 +261,11 @@ LARGE_M_ROWS = {
 #: 1376 x 512), GMAC/s panels / oneDNN: M=128 161/166, 147/165, 168/161,
 #: 155/173; M=256 166/174, 150/172, 170/168, 159/181; a 500-token prefill
 #: 113 -> 106-107 ms (benchmarks/prefill.py, the same run's vLLM 108 ms).
-LARGE_M_ROWS_AMX = {("avx512_bf16", "float32"): 128}
+#: bfloat16 there: oneDNN's AMX tiles from 8 rows; below, the panels stream the
+#: weight faster (SmolLM-135M's 30 layers, GB/s 27-40 against 19-23 at one
+#: row; a step's layers 6.7 / 7.1 / 7.4 / 10.5 / 20.5 ms against 9.8 / 10.5 /
+#: 10.0 / 10.0 / 11.1 ms at 1 / 2 / 4 / 8 / 16 rows).
+LARGE_M_ROWS_AMX = {("avx512_bf16", "float32"): 128, ("avx512_bf16", "bfloat16"): 8}
 
 
 @dataclass(frozen=True)

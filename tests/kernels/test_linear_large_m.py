@@ -20,6 +20,7 @@ PANELS = cf.LinearChoice(cf.PANELS, "")
     ("avx512_bf16", ZEN4, "bfloat16", 512, cf.PREPACKED),
     ("avx512_bf16", ZEN4, "float32", 512, cf.PREPACKED),
     ("avx512_bf16", XEON_AMX, "float32", 128, cf.PREPACKED),  # oneDNN ahead sooner there
+    ("avx512_bf16", XEON_AMX, "bfloat16", 8, cf.PREPACKED),   # AMX tiles from 8 rows
     ("avx2", XEON_AMX, "float32", 128, cf.PREPACKED),         # capped: the avx2 crossover
     ("avx2", EPYC_AVX2, "float32", 128, cf.PREPACKED),
     ("avx2", EPYC_AVX2, "bfloat16", None, cf.PANELS),   # no oneDNN bf16 there: panels always

@@ -202,7 +202,7 @@ def lora_add(out: torch.Tensor, input: torch.Tensor, lora_a: torch.Tensor,
     :r].T @ lora_bt[s, :r, slice j], r = ranks[s] (int32 [max_loras]);
     lora_a [max_loras, slices, max_rank, K], lora_bt [max_loras, max_rank, N].
     The reference where the build has no CPU kernels."""
-    fn = torch.ops._C.lora_add if has_lora_kernel() else reference.lora_add
+    fn = lora_add_kernel() or reference.lora_add
     fn(out, input, lora_a, lora_bt, token_slot, ranks, bounds)
 
 

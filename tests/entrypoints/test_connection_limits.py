@@ -15,8 +15,8 @@ from fastapi import FastAPI, Request  # noqa: E402 - module level: the route's a
 
 
 @pytest.fixture
-def server(monkeypatch, tmp_path):
-    """uvicorn with the guarded protocol over a small app, in a thread."""
+def served(monkeypatch, tmp_path):
+    """(port, uvicorn server) with the guarded protocol over a small app, in a thread."""
     import threading
 
     import uvicorn
@@ -42,9 +42,14 @@ def server(monkeypatch, tmp_path):
     t.start()
     while not srv.started:
         time.sleep(0.01)
-    yield sock.getsockname()[1]
+    yield sock.getsockname()[1], srv
     srv.should_exit = True
     t.join(10)
+
+
+@pytest.fixture
+def server(served):
+    return served[0]
 
 
 def closed_within(s: socket.socket, seconds: float) -> bool:
@@ -127,3 +132,16 @@ def test_accept_errors_are_one_line_a_second():
     assert kept.count(True) == 1
     other = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "other", (), None)
     assert f.filter(other)
+
+
+def test_accepted_connections_send_without_waiting_for_acks(served):
+    """A listener from socket.create_server has proto 0, and asyncio sets
+    TCP_NODELAY only on IPPROTO_TCP sockets: a response's body, written after
+    its head, waited for the client's delayed ACK (40 ms a keep-alive request)."""
+    port, srv = served
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(1024).startswith(b"HTTP/1.1 200")
+    (conn,) = srv.server_state.connections
+    sock = conn.transport.get_extra_info("socket")
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

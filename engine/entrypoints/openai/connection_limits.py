@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import time
 
 import h11
@@ -63,6 +64,13 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP;
+        # a listener from socket.create_server (proto 0) hands out sockets
+        # without it, and a response's body, written after its head, waited
+        # for the client's delayed ACK: 40 ms on every keep-alive response
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if len(self.connections) > self.max_connections:
             transport.write(_BUSY)
             transport.close()

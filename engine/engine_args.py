@@ -18,7 +18,6 @@ from engine.model_source import resolve_model, tokenizer_folder
 from engine.platforms import current as current_platform
 from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.spec_decode.config import SpeculativeConfig
-from engine.transformers_utils.gguf_folder import gguf_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -241,9 +240,6 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
     mc = dataclasses.replace(mc, max_model_len=max_len)  # longrope's table depends on it
     backend = parallel_backend(mc, tensor_parallel_size, distributed_executor_backend,
                                pipeline_parallel_size)
-    if gguf_file(path) is not None and tensor_parallel_size * pipeline_parallel_size > 1:
-        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} x pipeline_parallel_size "
-                         f"{pipeline_parallel_size}: GGUF files load on one rank so far; use 1")
     check_data_parallel(data_parallel_size, data_parallel_rank, distributed_executor_backend)
     from engine.structured_output import StructuredOutputsConfig
 

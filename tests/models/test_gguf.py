@@ -235,15 +235,6 @@ def test_tokenizer_and_config_flags(tiny, work):
         resolve_model(file, hf_config_path="nowhere")
 
 
-def test_gguf_refuses_tensor_parallel(tiny, work):
-    from engine.engine_args import create_engine_config
-
-    file = write_gguf(tiny, work / "tp.gguf", "F32")
-    with pytest.raises(ValueError, match="GGUF files load on one rank so far"):
-        create_engine_config(file, tensor_parallel_size=2, num_kv_blocks=8, block_size=32,
-                             max_model_len=256)
-
-
 def _tensor_info_offset(file: Path) -> int:
     """Where the last tensor's data offset (uint64) sits in the header."""
     t = gguf.GGUFReader(str(file)).tensors[-1]

@@ -21,9 +21,18 @@ OFFLOAD_CHARS = 16_384
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# characters a regex search covers in one call: re's C code holds the GIL for
+# a whole call (36 ms over a 10 MB prompt, the event loop frozen meanwhile),
+# and a thread waiting for the GIL gets it between calls
+SEARCH_CHARS = 1 << 20
+
+
 def check_unicode(text: str, what: str) -> None:
     """ValueError naming `what` when text holds a lone UTF-16 surrogate."""
-    bad = _SURROGATE.search(text)
+    bad = None
+    for pos in range(0, len(text), SEARCH_CHARS):  # a surrogate is one character: no overlap
+        if (bad := _SURROGATE.search(text, pos, pos + SEARCH_CHARS)) is not None:
+            break
     if bad is not None:
         raise ValueError(f"{what} holds a lone UTF-16 surrogate (U+{ord(bad.group()):04X}) at "
                          f"character {bad.start()}; send valid Unicode (surrogates in pairs)")

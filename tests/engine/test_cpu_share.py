@@ -33,6 +33,13 @@ def test_a_long_job_takes_one_thread_from_the_team_until_it_ends(shared):
     assert t.adjust() == 4 and sizes == [3, 4]
 
 
+def test_a_job_known_long_counts_from_its_start(shared):
+    t, sizes = team(shared)
+    with cpu_share.Marks(shared, 1).running(known_long=True):
+        assert t.adjust() == 3 and sizes == [3]  # a large body: no wait for HEAVY_AFTER_S
+    assert t.adjust() == 4
+
+
 def test_every_api_server_has_its_row_and_the_team_keeps_one_thread(shared):
     t, sizes = team(shared, threads=2)
     a, b = cpu_share.Marks(shared, 0), cpu_share.Marks(shared, 1)
@@ -87,3 +94,16 @@ def test_the_core_addresses_carry_a_fresh_file(tmp_path):
     t, _ = team(a.cpu_share)
     assert t.busy(time.monotonic()) == 0
     assert (tmp_path / "cpu-share").stat().st_size == 3 * cpu_share.SLOTS * 8
+
+
+def test_start_workers_leaves_threads_a_job_finds_started():
+    """in_thread's job must not wait for a thread to start (36 ms beside a busy core)."""
+    async def main():
+        await cpu_share.start_workers(2)
+        before = {t.ident for t in threading.enumerate()}
+        names = await asyncio.gather(*(cpu_share.in_thread(
+            lambda: (time.sleep(0.05), threading.current_thread().ident)[1]) for _ in range(2)))
+        return before, set(names), {t.ident for t in threading.enumerate()}
+
+    before, ran_on, after = asyncio.run(main())
+    assert ran_on <= before and after == before

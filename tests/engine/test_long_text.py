@@ -91,3 +91,14 @@ def test_real_windows_on_a_long_text(tok):
     t = text(random.Random(9), 40_000)  # ~250K characters: four 64K windows
     assert len(t) > 3 * long_text.WINDOW
     assert encode_long(tok, t) == tok.encode(t).ids
+
+
+@pytest.mark.parametrize("at", [0, 9, 10, 25, 39])
+def test_check_unicode_finds_a_surrogate_in_any_search_window(monkeypatch, at):
+    from engine.core import input_processor
+
+    monkeypatch.setattr(input_processor, "SEARCH_CHARS", 10)
+    text = "a" * at + "\udc00" + "b" * (39 - at)
+    with pytest.raises(ValueError, match=f"U\\+DC00\\) at character {at}"):
+        input_processor.check_unicode(text, "the text")
+    input_processor.check_unicode("a" * 40, "the text")

@@ -27,6 +27,7 @@ logger = logging.getLogger("engine")
 STOP_POLL_S = 0.05
 DEAD_GRACE_S = 2.0  # /health answers 503 this long after the core died, then the server exits
 GRACEFUL_S = 2  # uvicorn's wait for open responses on SIGTERM (the core then has STOP_GRACE_S)
+SWITCH_INTERVAL_S = 0.0005  # how long the event loop may wait for a worker thread's GIL
 
 
 class _Front:
@@ -169,6 +170,11 @@ def _run_api_server(args, front: _Front, listener, client, ready, stop_asked) ->
     # exit: an oldest-generation collection that walks it is a pause mid-stream
     gc.collect()
     gc.freeze()
+    # a worker thread's GIL-holding stretches (a long /tokenize's JSON, the
+    # stitching of its windows) kept the event loop waiting up to the 5 ms
+    # switch interval each time it asked for the GIL, a dozen times a request:
+    # a one-token completion beside a 10 MB /tokenize took 35-60 ms, not 10
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     cpu_share.attach(client.core.addresses.cpu_share, client.client_index)
     fds = connection_limits.raise_fd_limit()
     logging.getLogger("asyncio").addFilter(connection_limits.AcceptErrorsOncePerSecond())
@@ -215,6 +221,9 @@ async def _serve(server, llm, listener: socket.socket) -> int:
     that dies takes the server down DEAD_GRACE_S later (/health says 503
     and why meanwhile), as upstream's."""
     loop = asyncio.get_running_loop()
+    from engine.core import cpu_share
+
+    await cpu_share.start_workers()
     llm.start(on_dead=lambda line: loop.call_later(DEAD_GRACE_S, setattr, server,
                                                    "should_exit", True))
     said = asyncio.ensure_future(_say_what_stops(server, llm))

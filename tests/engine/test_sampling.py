@@ -107,6 +107,17 @@ def test_greedy_with_penalties_takes_the_penalised_argmax():
     assert sample(logits, [s], ()) == [6]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_torch_argmax_ties_and_all(dtype):
+    """A batch's greedy ids equal torch.argmax's: the first index of a tied maximum."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randint(-3, 4, (16, 4099), generator=g).to(dtype)  # many ties
+    logits[5] = 1.0  # a row all tied
+    logits[7, 4098] = 9.0  # the maximum at the last index
+    seqs = [Seq([1], [], SamplingParams(temperature=0)) for _ in range(16)]
+    assert sample(logits, seqs, ()) == torch.argmax(logits.float(), dim=-1).tolist()
+
+
 def test_a_tiny_temperature_samples_finite_probabilities():
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(2)) * 30
     p = SamplingParams(temperature=1e-39)

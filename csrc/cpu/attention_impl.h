@@ -56,6 +56,52 @@ inline void load_row(float* row, const T* cache, const int32_t* table, int64_t t
   for (int64_t i = 0; i < head_size; ++i) row[i] = Elem<T>::load(r[i]);
 }
 
+#ifdef ENGINE_VEC_WIDTH
+// acc[g] = sum_t p[g * ps + t] v_t for G query heads of HV vectors each, the
+// sums in registers (through memory, a load and a store per vector per token
+// bounded the value pass).
+template <int G, int HV, typename T>
+void weighted_values(float* acc, const float* p, int64_t ps, const T* cache, const int32_t* table,
+                     int64_t len, int64_t block_size, int64_t block_stride, int64_t head_off) {
+  VecF a[G][HV];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < HV; ++c) a[g][c] = vset1(0.f);
+  for (int64_t t = 0; t < len; ++t) {
+    const T* v = row_fetching_ahead(cache, table, t, len, block_size, block_stride, head_off, HV * W);
+    VecF r[HV];
+    for (int c = 0; c < HV; ++c) r[c] = vload(v + c * W);
+    for (int g = 0; g < G; ++g) {
+      const VecF pg = vset1(p[g * ps + t]);
+      for (int c = 0; c < HV; ++c) a[g][c] = vfma(pg, r[c], a[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < HV; ++c) vstore(acc + (g * HV + c) * W, a[g][c]);
+}
+
+// weighted_values for this group and head size where its sums fit the
+// registers (x86 AVX-512 and NEON: 32, AVX2: 16); false elsewhere.
+template <typename T>
+bool weighted_values_in_registers(int64_t group, int64_t head_size, float* acc, const float* p,
+                                  int64_t ps, const T* cache, const int32_t* table, int64_t len,
+                                  int64_t block_size, int64_t block_stride, int64_t head_off) {
+  constexpr int64_t kMaxSums = W == 8 ? 8 : 16;
+  const int64_t hv = head_size / W;
+  if (head_size % W || group * hv > kMaxSums) return false;
+#define ENGINE_WV(g, h)                                                                          \
+  if (group == g && hv == h) {                                                                   \
+    weighted_values<g, h>(acc, p, ps, cache, table, len, block_size, block_stride, head_off);    \
+    return true;                                                                                 \
+  }
+  ENGINE_WV(1, 2) ENGINE_WV(2, 2) ENGINE_WV(3, 2) ENGINE_WV(4, 2)
+  ENGINE_WV(1, 4) ENGINE_WV(2, 4) ENGINE_WV(3, 4) ENGINE_WV(4, 4)
+  ENGINE_WV(1, 8) ENGINE_WV(2, 8)
+  ENGINE_WV(1, 16)
+#undef ENGINE_WV
+  return false;
+}
+#endif
+
 template <typename T>
 int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
                        const T* value_cache, const int32_t* block_tables,
@@ -70,20 +116,29 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
   const bool vec_heads = head_size % (2 * W) == 0;
 #endif
 
-  // Per-thread scratch, sized for the longest sequence of the batch.
+  // Per-thread scratch, sized for the longest sequence of the batch; a query
+  // head's logits in rows of whole vectors (the key pass stores W at a time).
   int64_t max_len = 1;
   for (int64_t s = 0; s < seqs; ++s) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
-  const int64_t scratch = sizeof(float) * (group * max_len + 2 * group * head_size + head_size);
+#ifdef ENGINE_VEC_WIDTH
+  const int64_t max_stride = (max_len + W - 1) / W * W, parts_n = group * W * W;
+#else
+  const int64_t max_stride = max_len, parts_n = 0;
+#endif
+  const int64_t scratch =
+      sizeof(float) * (group * max_stride + 2 * group * head_size + head_size + parts_n);
   int64_t failed = 0;
 
 #pragma omp parallel
   {
-    float* logits = static_cast<float*>(malloc(sizeof(float) * group * max_len));
+    float* logits = static_cast<float*>(malloc(sizeof(float) * group * max_stride));
     float* q = static_cast<float*>(malloc(sizeof(float) * group * head_size));
     float* acc = static_cast<float*>(malloc(sizeof(float) * group * head_size));
     float* row = static_cast<float*>(malloc(sizeof(float) * head_size));
+    // per query head, W tokens' products summed to one vector each (key pass)
+    float* parts = static_cast<float*>(calloc(parts_n ? parts_n : 1, sizeof(float)));
     // an exception cannot leave a parallel region: note it, skip the work, report after
-    const bool ok = logits && q && acc && row;
+    const bool ok = logits && q && acc && row && parts;
     if (!ok) {
 #pragma omp atomic write
       failed = scratch;
@@ -103,6 +158,11 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
       }
       const T* q_s = query + (s * heads + kh * group) * head_size;
       for (int64_t i = 0; i < group * head_size; ++i) q[i] = Elem<T>::load(q_s[i]) * scale;
+#ifdef ENGINE_VEC_WIDTH
+      const int64_t ls = (len + W - 1) / W * W;  // a query head's row of logits
+#else
+      const int64_t ls = len;
+#endif
 
       // logits[g, t] = q_g . k_t
 #ifdef ENGINE_VEC_WIDTH
@@ -112,8 +172,9 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
           fn(t, row_fetching_ahead(cache, table, t, len, block_size, block_stride,
                                    kh * head_stride, head_size));
       };
-      if (vec_heads) {
+      if (vec_heads) {  // W tokens at a time: their W vectors a query head summed together
         each_row(key_cache, [&](int64_t t, const T* k) {
+          const int64_t j = t % W;
           for (int64_t g = 0; g < group; ++g) {
             const float* qg = q + g * head_size;
             VecF a0 = vset1(0.f), a1 = vset1(0.f);
@@ -121,8 +182,11 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
               a0 = vfma(vload(k + i), vload(qg + i), a0);
               a1 = vfma(vload(k + i + W), vload(qg + i + W), a1);
             }
-            logits[g * len + t] = vsum(vadd(a0, a1));
+            vstore(parts + (g * W + j) * W, vadd(a0, a1));
           }
+          if (j == W - 1 || t == len - 1)  // rows past the last token: a former chunk's, unread
+            for (int64_t g = 0; g < group; ++g)
+              vstore(logits + g * ls + t - j, vsum_rows(parts + g * W * W));
         });
       } else
 #endif
@@ -133,13 +197,13 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
           float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
           for (int64_t i = 0; i < head_size; ++i) dot += qg[i] * row[i];
-          logits[g * len + t] = dot;
+          logits[g * ls + t] = dot;
         }
       }
 
       // softmax over t, per query head
       for (int64_t g = 0; g < group; ++g) {
-        float* lg = logits + g * len;
+        float* lg = logits + g * ls;
         float mx = lg[0];
 #pragma omp simd reduction(max : mx)
         for (int64_t t = 0; t < len; ++t) mx = lg[t] > mx ? lg[t] : mx;
@@ -156,25 +220,35 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
       }
 
       // acc[g] = sum_t p[g, t] * v_t
-      for (int64_t i = 0; i < group * head_size; ++i) acc[i] = 0.f;
 #ifdef ENGINE_VEC_WIDTH
-      if (vec_heads) {
-        each_row(value_cache, [&](int64_t t, const T* v) {
-          for (int64_t g = 0; g < group; ++g) {
-            const VecF p = vset1(logits[g * len + t]);
-            float* ag = acc + g * head_size;
-            for (int64_t i = 0; i < head_size; i += W) vstore(ag + i, vfma(p, vload(v + i), vload(ag + i)));
-          }
-        });
-      } else
+      const bool in_registers =
+          vec_heads && weighted_values_in_registers(group, head_size, acc, logits, ls, value_cache,
+                                                    table, len, block_size, block_stride,
+                                                    kh * head_stride);
+#else
+      const bool in_registers = false;
 #endif
-      for (int64_t t = 0; t < len; ++t) {
-        load_row(row, value_cache, table, t, block_size, block_stride, kh * head_stride, head_size);
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = logits[g * len + t];
-          float* ag = acc + g * head_size;
+      if (!in_registers) {
+        for (int64_t i = 0; i < group * head_size; ++i) acc[i] = 0.f;
+#ifdef ENGINE_VEC_WIDTH
+        if (vec_heads) {
+          each_row(value_cache, [&](int64_t t, const T* v) {
+            for (int64_t g = 0; g < group; ++g) {
+              const VecF p = vset1(logits[g * ls + t]);
+              float* ag = acc + g * head_size;
+              for (int64_t i = 0; i < head_size; i += W) vstore(ag + i, vfma(p, vload(v + i), vload(ag + i)));
+            }
+          });
+        } else
+#endif
+        for (int64_t t = 0; t < len; ++t) {
+          load_row(row, value_cache, table, t, block_size, block_stride, kh * head_stride, head_size);
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = logits[g * ls + t];
+            float* ag = acc + g * head_size;
 #pragma omp simd
-          for (int64_t i = 0; i < head_size; ++i) ag[i] += p * row[i];
+            for (int64_t i = 0; i < head_size; ++i) ag[i] += p * row[i];
+          }
         }
       }
       for (int64_t i = 0; i < group * head_size; ++i) out_s[i] = Elem<T>::store(acc[i]);
@@ -183,6 +257,7 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
     free(q);
     free(acc);
     free(row);
+    free(parts);
   }
   return failed;
 }

@@ -74,6 +74,25 @@ inline VecI vbf16_round(VecF v) {
 
 #if ENGINE_VEC_WIDTH == 16
 inline float vsum(VecF a) { return _mm512_reduce_add_ps(a); }
+// Lane j: the sum of row j of the 16 x 16 floats at p. A tree of pairwise
+// shuffle-adds (15 of them, 3 operations each) where 16 horizontal sums take
+// 8 each; its lanes come out in the order (j % 4) * 4 + j / 4, one permute
+// restores them.
+inline VecF vsum_rows(const float* p) {
+  __m512 a[8], b[4], c[2];
+  for (int j = 0; j < 8; ++j) {  // quarters 0+2 and 1+3 of rows 2j and 2j+1
+    const __m512 x = _mm512_loadu_ps(p + 32 * j), y = _mm512_loadu_ps(p + 32 * j + 16);
+    a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+  for (int j = 0; j < 4; ++j)  // quarter k: 4 partial sums of row 4j + k
+    b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
+  for (int j = 0; j < 2; ++j)
+    c[j] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
+                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), d);
+}
 // NaN to the quiet 0x7fc0 (c10::BFloat16's rule, as float_to_bf16 in scalar.h).
 inline VecI vbf16_bits(VecF v) {
   return _mm512_mask_mov_epi32(vbf16_round(v), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
@@ -119,6 +138,20 @@ inline float vsum(VecF a) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+// Lane j: the sum of row j of the 8 x 8 floats at p (the AVX-512 tree's last
+// three levels; lanes in the order (j % 2) * 4 + j / 2, a permute restores them).
+inline VecF vsum_rows(const float* p) {
+  __m256 b[4], c[2];
+  for (int j = 0; j < 4; ++j) {  // 128-bit half k: 4 partial sums of row 2j + k
+    const __m256 x = _mm256_loadu_ps(p + 16 * j), y = _mm256_loadu_ps(p + 16 * j + 8);
+    b[j] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+  }
+  for (int j = 0; j < 2; ++j)
+    c[j] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
+                         _mm256_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
+  const __m256 d = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+  return _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 // Without the NaN blend of the AVX-512 path (a third of the work here): NaN
 // still stays NaN, because every value these kernels round is computed from

@@ -31,6 +31,7 @@ namespace engine::cpu {
 namespace {
 
 constexpr int64_t NR = kPanel;  // columns a panel
+constexpr int64_t kAhead = 4096 / (NR * 4);  // steps the weight is fetched ahead
 
 // x staged: per row `words` int32 of 4 int8 each (gguf_int8.h's order), and
 // per group its scale d and d * sum(q).
@@ -96,13 +97,23 @@ inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uin
   const VecI mask = iset1(0x0F0F0F0F), hmask = iset1(((1 << H) - 1) * 0x10101010);
   for (int r = 0; r < R; ++r) acc[r] = vset1(0.f);
   for (int64_t g = 0; g < a.groups; ++g) {
-    VecI i0[R], i1[R];  // two chains a row: the dot products' latency hidden
-    for (int r = 0; r < R; ++r) i0[r] = i1[r] = izero();
+    // two chains a row below 4 rows, to hide the dot products' latency; from 4
+    // the rows' chains hide it, and the registers a second set took spilled
+    constexpr bool TWO = R < 4;
+    VecI i0[R], i1[TWO ? R : 1];
+    for (int r = 0; r < R; ++r) i0[r] = izero();
+    if constexpr (TWO)
+      for (int r = 0; r < R; ++r) i1[r] = izero();
     const uint32_t* wg = w + g * gsteps * NR;
     const uint32_t* hg = H ? hw + g * (gsteps / SPC) * NR : nullptr;
     const int32_t* xg = a.q + g * gwords;
     VecI h = izero();
     for (int64_t s = 0; s < gsteps; ++s) {
+      // 4 KiB ahead, as the other decode kernels: without it a quarter of the
+      // kernel's time (16 rows, SmolLM's shape) waited on this load
+      _mm_prefetch(reinterpret_cast<const char*>(wg + (s + kAhead) * NR), _MM_HINT_T0);
+      if (H > 0 && s % SPC == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(hg + (s / SPC + kAhead / SPC) * NR), _MM_HINT_T0);
       const VecI v = iload(wg + s * NR);
       if constexpr (B == 4) {
         VecI lo = iand(v, mask), hi = iand(isrl<4>(v), mask);
@@ -113,10 +124,14 @@ inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uin
         }
         for (int r = 0; r < R; ++r) {
           i0[r] = dot_u(i0[r], lo, ibcast(xg + r * a.words + 2 * s));
-          i1[r] = dot_u(i1[r], hi, ibcast(xg + r * a.words + 2 * s + 1));
+          VecI& odd = TWO ? i1[TWO ? r : 0] : i0[r];
+          odd = dot_u(odd, hi, ibcast(xg + r * a.words + 2 * s + 1));
         }
-      } else if (s & 1) {
-        for (int r = 0; r < R; ++r) i1[r] = dot8(i1[r], v, ibcast(xg + r * a.words + s));
+      } else if (TWO && (s & 1)) {
+        for (int r = 0; r < R; ++r) {
+          VecI& odd = i1[TWO ? r : 0];
+          odd = dot8(odd, v, ibcast(xg + r * a.words + s));
+        }
       } else {
         for (int r = 0; r < R; ++r) i0[r] = dot8(i0[r], v, ibcast(xg + r * a.words + s));
       }
@@ -125,7 +140,8 @@ inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uin
     if constexpr (NT == 1) {  // scale * d * (x . q - zero * sum(x)): no term to read
       for (int r = 0; r < R; ++r) {
         const int64_t at = r * a.groups + g;
-        const VecF f = vfma(icvt(iadd(i0[r], i1[r])), vset1(a.d[at]), vset1(-zq * a.dsum[at]));
+        const VecI dot = TWO ? iadd(i0[r], i1[TWO ? r : 0]) : i0[r];
+        const VecF f = vfma(icvt(dot), vset1(a.d[at]), vset1(-zq * a.dsum[at]));
         acc[r] = vfma(f, sc, acc[r]);
       }
     } else {
@@ -133,7 +149,8 @@ inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uin
       if constexpr (B == 8 && kSigned8) c = vfma(sc, vset1(128.f), c);
       for (int r = 0; r < R; ++r) {
         const int64_t at = r * a.groups + g;
-        acc[r] = vfma(vmul(icvt(iadd(i0[r], i1[r])), vset1(a.d[at])), sc, acc[r]);
+        const VecI dot = TWO ? iadd(i0[r], i1[TWO ? r : 0]) : i0[r];
+        acc[r] = vfma(vmul(icvt(dot), vset1(a.d[at])), sc, acc[r]);
         acc[r] = vfma(vset1(a.dsum[at]), c, acc[r]);
       }
     }

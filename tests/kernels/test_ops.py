@@ -235,7 +235,7 @@ def make_paged(seq_lens, heads, kv_heads, head_size, block_size, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("gqa", [1, 3, 4, 8])
 @pytest.mark.parametrize("seq_lens,head_size,block_size",
                          [([1], 64, 16), ([5, 17, 100, 1, 33], 80, 16), ([300, 129, 2, 64], 128, 32),
                           ([7] * 20, 36, 32)])

@@ -48,6 +48,11 @@ inline VecF vmul(VecF a, VecF b) { return vmulq_f32(a, b); }
 inline VecF vfma(VecF a, VecF b, VecF c) { return vfmaq_f32(c, a, b); }   // a*b + c
 inline VecF vfnma(VecF a, VecF b, VecF c) { return vfmsq_f32(c, a, b); }  // c - a*b
 inline float vsum(VecF a) { return vaddvq_f32(a); }
+// Lane j: the sum of row j of the W x W floats at p (W horizontal sums at once).
+inline VecF vsum_rows(const float* p) {
+  return vpaddq_f32(vpaddq_f32(vld1q_f32(p), vld1q_f32(p + 4)),
+                    vpaddq_f32(vld1q_f32(p + 8), vld1q_f32(p + 12)));
+}
 inline VecF vload(const float* p) { return vld1q_f32(p); }
 inline void vstore(float* p, VecF v) { vst1q_f32(p, v); }
 inline VecF vload(const uint16_t* p) { return bf16x4_to_f32(vld1_u16(p)); }

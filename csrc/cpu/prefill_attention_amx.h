@@ -112,65 +112,84 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_pv(float* o, const 
   }
 }
 
-// e^x on 16 lanes, to the precision P needs: P is rounded to bfloat16 (a
-// relative 2^-9) for the second product, so a degree-4 polynomial on the
-// reduced argument (relative error under 5e-5) and vscalefps for the 2^k
-// replace fast_exp's degree-7 one and exponent arithmetic: 11 operations a
-// vector instead of 17, in the loop that bounds this kernel (the tile products
-// take a fraction of the softmax's time).
-inline __m512 amx_exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 24), r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+// 2^x on 16 lanes for x <= 0, to the precision P needs: P is rounded to
+// bfloat16 (a relative 2^-9) for the second product, so e^(r ln 2)'s terms to
+// degree 4 on r in [-0.5, 0.5] (relative error under 6e-5) and vscalefps for
+// the 2^k: 7 operations a vector, in the loop that bounds this kernel (the
+// tile products take a fraction of the softmax's time). A masked score's
+// -1e30 gives an exact 0 (scalef underflows; r is 0 past 2^23).
+inline __m512 amx_exp2_16(__m512 x) {
+  const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, k);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(9.61812910762847716e-3f), r,
+                             _mm512_set1_ps(5.55041086648215800e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.40226506959100712e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.93147180559945309e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, k);
 }
 
-// The largest of v's lanes, in every lane (no trip through a scalar).
-inline __m512 amx_max_all(__m512 v) {
-  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
-  v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
-  v = _mm512_max_ps(v, _mm512_permute_ps(v, 0x4E));
-  return _mm512_max_ps(v, _mm512_permute_ps(v, 0xB1));
+// Lane j: the largest lane of v[j] (16 rows' maxima at once: a tree of
+// pairwise shuffle-max, 45 operations where 16 separate reductions take 128;
+// vsum_rows in cpu_types_x86.h is the same tree with adds).
+inline __m512 amx_row_max(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int j = 0; j < 8; ++j)
+    a[j] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)
+    b[j] = _mm512_max_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
+  for (int j = 0; j < 2; ++j)
+    c[j] = _mm512_max_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
+                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
+  const __m512 d = _mm512_max_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), d);
 }
 
-// The online softmax over one block of 32 scores a row (s, scaled and masked
-// here), P to bfloat16 in pa, o rescaled where a row's max grew. The running
-// max m[r] is kept in every lane, and the running sum l[r] as 16 partial sums
-// (added up once, at the end): no horizontal step per block. `masked`: some
-// key of the block is off some row's causal/window range.
-inline void amx_softmax(const float* s, uint16_t* pa, __m512* m, __m512* l, float* o,
+// The online softmax over one block of 64 scores a row (s, masked here), P to
+// bfloat16 in pa, o rescaled where a row's max grew. The running max m[r]
+// (in score units) is kept in every lane, and the running sum l[r] as 16
+// partial sums (added up once, at the end). P = 2^(x c - m c), c = scale *
+// log2(e): one fused multiply-subtract a vector scales, shifts and changes
+// base. `masked`: some key of the block is off some row's causal/window range.
+inline void amx_softmax(float* s, uint16_t* pa, __m512* m, __m512* l, float* o,
                         const int32_t* q_pos, int64_t k0, int32_t win, float scale, bool masked,
                         int64_t D) {
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512 vs = _mm512_set1_ps(scale), neg = _mm512_set1_ps(kPrefillNegInf);
+  const __m512 neg = _mm512_set1_ps(kPrefillNegInf);
+  const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
+  __m512 top[16];
+  __mmask16 k[16][4];
   for (int r = 0; r < 16; ++r) {
-    __m512 x[4];
-    __mmask16 k[4] = {0xffff, 0xffff, 0xffff, 0xffff};
-    for (int v = 0; v < 4; ++v) x[v] = _mm512_mul_ps(_mm512_load_ps(s + r * kAmxKeys + 16 * v), vs);
-    if (masked) {
+    float* sr = s + r * kAmxKeys;
+    if (masked) {  // off-range scores to -1e30, in place, and which they were
       const __m512i qp = _mm512_set1_epi32(q_pos[r]);
       const __m512i w = _mm512_set1_epi32(win), zero = _mm512_setzero_si512();
       for (int v = 0; v < 4; ++v) {
         const __m512i kp = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(k0 + 16 * v)), lane);
         const __m512i d = _mm512_sub_epi32(qp, kp);
-        k[v] = _mm512_cmpge_epi32_mask(d, zero) & _mm512_cmplt_epi32_mask(d, w);
-        x[v] = _mm512_mask_blend_ps(k[v], neg, x[v]);
+        k[r][v] = _mm512_cmpge_epi32_mask(d, zero) & _mm512_cmplt_epi32_mask(d, w);
+        _mm512_store_ps(sr + 16 * v, _mm512_mask_blend_ps(k[r][v], neg, _mm512_load_ps(sr + 16 * v)));
       }
     }
-    const __m512 top = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
-    const __m512 mx = _mm512_max_ps(m[r], amx_max_all(top));
+    top[r] = _mm512_max_ps(_mm512_max_ps(_mm512_load_ps(sr), _mm512_load_ps(sr + 16)),
+                           _mm512_max_ps(_mm512_load_ps(sr + 32), _mm512_load_ps(sr + 48)));
+  }
+  const __m512 block_max = amx_row_max(top);
+  for (int r = 0; r < 16; ++r) {
+    const float* sr = s + r * kAmxKeys;
+    const __m512 mx = _mm512_max_ps(m[r], _mm512_permutexvar_ps(_mm512_set1_epi32(r), block_max));
+    const __m512 mc = _mm512_mul_ps(mx, c);
     __m512 p[4];
-    for (int v = 0; v < 4; ++v) p[v] = _mm512_maskz_mov_ps(k[v], amx_exp16(_mm512_sub_ps(x[v], mx)));
+    for (int v = 0; v < 4; ++v) {
+      p[v] = amx_exp2_16(_mm512_fmsub_ps(_mm512_load_ps(sr + 16 * v), c, mc));
+      if (masked) p[v] = _mm512_maskz_mov_ps(k[r][v], p[v]);  // a row with no key yet: not 1
+    }
     _mm512_storeu_si512(pa + r * kAmxKeys, (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]));
     _mm512_storeu_si512(pa + r * kAmxKeys + 32, (__m512i)_mm512_cvtne2ps_pbh(p[3], p[2]));
     if (_mm512_cmp_ps_mask(mx, m[r], _CMP_GT_OQ)) {  // the max grew: rescale
-      const __m512 alpha = amx_exp16(_mm512_sub_ps(m[r], mx));
+      const __m512 alpha = amx_exp2_16(_mm512_fmsub_ps(m[r], c, mc));
       l[r] = _mm512_mul_ps(l[r], alpha);
       float* orow = o + r * D;
       for (int64_t d = 0; d < D; d += 16)

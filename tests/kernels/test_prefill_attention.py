@@ -78,6 +78,24 @@ def test_long_prompt_bfloat16(gqa, head_size):
     check([300, 41], [300, 90], gqa, head_size, 16, torch.bfloat16, kv_heads=1)
 
 
+def test_bfloat16_error_is_about_the_rounding_of_the_answer():
+    """Beyond the tolerance, which a slightly wrong exponential passes: the RMS
+    error of a bfloat16 answer stays near that of rounding the exact answer to
+    bfloat16 (1.06x with AMX; a first-order term off by 3% gave 2.07x)."""
+    q, kc, vc, tables, starts, lens = make_prefill([300], [300], 6, 2, 64, 16, torch.bfloat16,
+                                                   seed=5)
+    q = q * 3  # scores over several units: the exponential's whole range counts
+    out, ref = torch.empty_like(q), torch.empty(q.shape, dtype=torch.float32)
+    ops.paged_prefill_attention(out, q, kc, vc, tables, starts, lens, 64 ** -0.5, -1)
+    reference.paged_prefill_attention(ref, q, kc, vc, tables, starts, lens, 64 ** -0.5, -1)
+
+    def rms(x):
+        return x.pow(2).mean().sqrt().item()
+
+    rounding = rms(ref.to(torch.bfloat16).float() - ref)
+    assert rms(out.float() - ref) < 1.5 * rounding
+
+
 def test_a_sequence_without_queries_is_skipped():
     check([5, 0, 3], [5, 12, 3], 1, 64, 16, torch.float32)
 

@@ -74,6 +74,33 @@ inline VecI vbf16_round(VecF v) {
 
 #if ENGINE_VEC_WIDTH == 16
 inline float vsum(VecF a) { return _mm512_reduce_add_ps(a); }
+inline float vfirst(VecF v) { return _mm512_cvtss_f32(v); }
+// silu(x) = x / (1 + e^-x) on 16 lanes: e^-x by Cephes' polynomial (scalar.h's
+// fast_exp) with vscalefps for the 2^k, 1 / (1 + e) by vrcp14ps and one
+// Newton step (2^-28). 25 operations a vector,
+// where the omp simd loop over scalar.h's silu took about 50 (its clamps
+// compile to compares and blends): silu_and_mul at 500 x 1536 2x faster.
+#define ENGINE_VEC_SILU 1
+inline VecF vsilu(VecF x) {
+  // -x in [-87.3, 69], as scalar.h's: the reduction below loses r past it (a
+  // NaN's lane ends NaN through the final product with x)
+  const __m512 nx = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), x),
+                                                _mm512_set1_ps(-87.3f)), _mm512_set1_ps(69.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(nx, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), nx);
+  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_scalef_ps(p, k));
+  __m512 inv = _mm512_rcp14_ps(d);
+  inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, _mm512_set1_ps(2.0f)));
+  return _mm512_mul_ps(x, inv);
+}
 // Lane j: the sum of row j of the 16 x 16 floats at p. A tree of pairwise
 // shuffle-adds (15 of them, 3 operations each) where 16 horizontal sums take
 // 8 each; its lanes come out in the order (j % 4) * 4 + j / 4, one permute

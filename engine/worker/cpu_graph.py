@@ -23,7 +23,8 @@ aten = torch.ops.aten
 _ALLOCATIONS = {aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
                 aten.empty_strided.default, aten.new_empty_strided.default}
 # ops whose result Python reads back: the step's control flow may depend on it
-_READ_BACK = {aten._local_scalar_dense.default, aten.nonzero.default, aten.equal.default,
+_READ_BACK = {aten._local_scalar_dense.default, aten.item.default, aten.allclose.default,
+              aten.nonzero.default, aten.equal.default,
               aten.is_nonzero.default, aten.masked_select.default, aten.unique_dim.default,
               aten._unique2.default}
 
@@ -66,6 +67,12 @@ def _writes(schema) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
+def _is_setting(args, out) -> bool:
+    """A query of the build's settings (_C.cpu_has_*): no tensor in or out."""
+    return (not any(isinstance(a, torch.Tensor) for a in args)
+            and not isinstance(out, (torch.Tensor, tuple, list)))
+
+
 def _may_alias(func) -> bool:
     """A view, or an op that returns its input where it can (contiguous, reshape,
     to): its result is a view at capture or a copy that each replay must redo."""
@@ -98,10 +105,10 @@ def _out_overload(func):
     return None
 
 
-def _tensors(out) -> list[torch.Tensor]:
+def _tensors(out, func=None) -> list[torch.Tensor]:
     items = list(out) if isinstance(out, (tuple, list)) else [out]
     if not all(isinstance(t, torch.Tensor) for t in items):
-        raise NotCapturable(f"an op returned {type(out).__name__}, not tensors")
+        raise NotCapturable(f"{func} returned {type(out).__name__}, not tensors")
     return items
 
 
@@ -136,10 +143,10 @@ def _plan(calls: list[tuple]) -> list:
     steps: list = []
     for func, args, kwargs, out in calls:
         schema = func._schema
-        if func in _ALLOCATIONS:
+        if func in _ALLOCATIONS or _is_setting(args, out):
             continue
         if _may_alias(func) and not _writes(schema):
-            outs = _tensors(out)
+            outs = _tensors(out, func)
             if not _copies(args, outs):
                 continue  # a view: it sees whatever its base holds
             first = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -151,7 +158,7 @@ def _plan(calls: list[tuple]) -> list:
         if _writes(schema) or not schema.returns:
             steps.append(_Call(func, _full_args(schema, args, kwargs)))
             continue
-        outs = _tensors(out)
+        outs = _tensors(out, func)
         overload = _out_overload(func)
         if overload is None:
             steps.append(_CopyBack(func, args, kwargs, outs))

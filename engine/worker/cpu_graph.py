@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -34,12 +35,13 @@ class NotCapturable(Exception):
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple] = []
         self.refused: str | None = None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args: tuple = (), kwargs: dict | None = None
+                           ) -> Any:
         kwargs = kwargs or {}
         if func in _READ_BACK and self.refused is None:
             self.refused = f"the step reads a value back ({func})"
@@ -128,7 +130,7 @@ class _Call:
 @dataclass
 class _CopyBack:
     """An op with no out= overload: run it, and copy its results where they were."""
-    func: object
+    func: Callable[..., Any]
     args: tuple
     kwargs: dict
     outs: list[torch.Tensor]

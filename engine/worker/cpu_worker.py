@@ -7,6 +7,7 @@ import logging
 
 from engine import envs
 from engine.core.kv_cache_manager import BlockManager
+from engine.distributed.parallel_state import pp_size, tp_size
 from engine.engine_args import EngineConfig
 from engine.lora.models import LoRAModelManager
 from engine.model_executor.gguf_loader import load_gguf
@@ -19,7 +20,6 @@ from engine.platforms import ZenCpuPlatform, cpu_hugepages, cpu_malloc
 from engine.platforms import current as current_platform
 from engine.platforms.cpu_features import PLAIN
 from engine.transformers_utils.gguf_folder import gguf_file
-from engine.distributed.parallel_state import pp_size, tp_size
 from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.model_runner import ModelRunner
 from engine.worker.pooling_model_runner import PoolingModelRunner, make_pooler

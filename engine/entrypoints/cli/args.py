@@ -47,7 +47,7 @@ def scheduler_args(p: argparse.ArgumentParser) -> None:
                    "(default: on)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run every decode step op by op, not replayed from a captured graph "
-                   "(docs/decode_graphs.md)")
+                   "(docs/decode-graphs.md)")
 
 
 def speculative_args(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ speed allow.
     python benchmarks/throughput.py --peer vllm [--model-size small|large]   # bash ci/setup-peer.sh first
     python benchmarks/throughput.py --arch qwen3_moe|mixtral --peer vllm --model-size small
     python benchmarks/throughput.py --dtype bfloat16 --quant w4a16 --peer none   # 4-bit weights
+    python benchmarks/throughput.py --eager-baseline ...   # decode graphs vs --enforce-eager
 
 --arch picks the architecture (benchmarks/models.py: a Llama, or a mixture of
 experts of the same size: its roofline counts the experts a step is expected
@@ -19,7 +20,9 @@ not slower than either, and a decode step's bytes (the weights it reads, as the
 checkpoint holds them, and the KV cache rows its attention reads) streamed at
 >= 80% of the machine's read bandwidth (measured here: the sum of a 1 GiB
 tensor), reported in GB/s. Greedy, EOS ignored; threads bound to CPUs 0-1 for
-every engine. --check exits 1 on a missed target.
+every engine. --eager-baseline runs ours a second time with --enforce-eager
+(docs/decode-graphs.md) and reports the graphs' ratio over it. --check exits 1
+on a missed target.
 """
 from __future__ import annotations
 
@@ -52,10 +55,11 @@ def child(kind: str, model: str, dtype: str, prompt_len: int, new: int) -> None:
     (the number of requests), each answered with a RESULT line."""
     prompts = prompt_ids(max(b for b, _, _ in BATCHES), prompt_len - 1)
     t_start = time.perf_counter()
-    if kind == "engine":
+    if kind in ("engine", "engine-eager"):
         from engine import LLM, SamplingParams
 
-        llm = LLM(model=model, dtype=dtype, max_model_len=MAX_POS)
+        llm = LLM(model=model, dtype=dtype, max_model_len=MAX_POS,
+                  enforce_eager=kind == "engine-eager")
         startup = time.perf_counter() - t_start
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
         llm.generate(prompt_token_ids=prompts[:1],
@@ -199,7 +203,7 @@ def report(a, sides: list, machine: dict, folder: Path, itemsize: int) -> None:
     """The table: tok/s of each side, against the roofline; at one request,
     the GB/s a decode step streams."""
     e_side = sides[0]
-    peer = sides[1] if len(sides) > 1 else None
+    peer = sides[1] if a.peer != "none" else None
     print(f"{'requests':>8} {'engine tok/s':>13} {a.peer + ' tok/s':>19} {'ratio':>7} "
           f"{'roofline':>9} {'engine':>7} {a.peer:>12}")
     for batch, _, _ in BATCHES:
@@ -237,6 +241,8 @@ def main() -> int:
     p.add_argument("--quant", choices=["w4a16"],
                    help="run the checkpoint `engine quantize --scheme` makes (bfloat16 only)")
     p.add_argument("--threads", default="0-1", help="CPUs every engine runs on (default 0-1)")
+    p.add_argument("--eager-baseline", action="store_true",
+                   help="also run ours with --enforce-eager: the decode graphs' ratio over it")
     p.add_argument("--child")
     p.add_argument("--model")
     p.add_argument("--prompt-len", type=int, default=33)
@@ -277,10 +283,14 @@ def main() -> int:
                 "--new", str(a.new)]
         sides = []
         try:
-            sides.append(Side(sys.executable, "engine", args, {**env, "PYTHONPATH": str(
-                Path(__file__).resolve().parent.parent)}, Path(tmp) / "engine.log"))
+            engine_env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+            sides.append(Side(sys.executable, "engine", args, engine_env,
+                              Path(tmp) / "engine.log"))
             if a.peer != "none":
                 sides.append(Side(peer_python, a.peer, args, env, Path(tmp) / "peer.log"))
+            if a.eager_baseline:
+                sides.append(Side(sys.executable, "engine-eager", args, engine_env,
+                                  Path(tmp) / "eager.log"))
             for batch, _, _ in BATCHES:
                 for _ in range(a.repeats):
                     for side in sides:
@@ -293,7 +303,13 @@ def main() -> int:
         e_side = sides[0]
         for batch, target_hf, target_vllm in BATCHES:
             te = tokens_per_s(e_side.best[batch])
-            if len(sides) > 1:
+            if a.eager_baseline:
+                eager = tokens_per_s(sides[-1].best[batch])
+                print(f"{batch} requests: decode graphs {te:.1f} tok/s, --enforce-eager "
+                      f"{eager:.1f}: {te / eager:.2f}x")
+                targets.record(f"{batch} requests: decode graphs vs --enforce-eager",
+                               te / eager, 1.0)
+            if a.peer != "none":
                 th = tokens_per_s(sides[1].best[batch])
                 target = target_vllm if a.peer == "vllm" else target_hf
                 targets.record(f"{batch} requests: tok/s vs {a.peer}", te / th, target)

@@ -56,6 +56,8 @@ class EngineConfig:
     lora_config: LoRAConfig | None = None  # --enable-lora (engine/lora); None: no adapters
     # the folder of the tokenizer the front end uses (--tokenizer DIR; None: path's)
     tokenizer: Path | None = None
+    # decode steps run eagerly, not replayed (engine/worker/decode_graphs.py)
+    enforce_eager: bool = False
 
     @property
     def tokenizer_path(self) -> Path:
@@ -199,7 +201,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                          tokenizer: str | None = None, hf_config_path: str | None = None,
                          seed: int | None = None, enable_lora: bool = False,
                          max_loras: int | None = None, max_lora_rank: int | None = None,
-                         max_cpu_loras: int | None = None,
+                         max_cpu_loras: int | None = None, enforce_eager: bool = False,
                          ) -> EngineConfig:
     spec = SpeculativeConfig.parse(speculative_config)  # before the model: fails fast
     path = resolve_model(model, tokenizer, hf_config_path)
@@ -249,7 +251,7 @@ def create_engine_config(model: str | os.PathLike, dtype: str = "auto", *, block
                         pipeline_parallel_size, data_parallel_size, data_parallel_rank, chunked,
                         prefix, seed, spec, structured_outputs_config=structured_outputs_config,
                         tokenizer=tokenizer_folder(path, tokenizer),
-                        lora_config=lora)
+                        lora_config=lora, enforce_eager=enforce_eager)
 
 
 def _pooling_config(path: Path, mc: ModelConfig, pooler: PoolerConfig, dtype: torch.dtype,
@@ -323,7 +325,8 @@ _CLI_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max
                     "distributed_executor_backend", "enable_chunked_prefill",
                     "enable_prefix_caching", "runner", "convert", "speculative_config",
                     "structured_outputs_config", "tokenizer", "hf_config_path", "seed",
-                    "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
+                    "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
+                    "enforce_eager")
 
 
 def cli_engine_args(args) -> dict:

@@ -36,7 +36,8 @@ class DraftModelProposer:
                                 max_model_len=target.max_model_len,
                                 max_num_seqs=target.max_num_seqs, bind_threads=False,
                                 enable_prefix_caching=True, seed=target.seed,
-                                tokenizer=str(target.tokenizer))
+                                tokenizer=str(target.tokenizer),
+                                enforce_eager=target.enforce_eager)
         vocab, want = self.core.config.vocab_size, target.model.vocab_size
         if vocab != want:
             raise ValueError(f"speculative_config 'model' {config.model}: its vocabulary has "

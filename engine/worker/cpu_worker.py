@@ -7,6 +7,7 @@ import logging
 
 from engine import envs
 from engine.core.kv_cache_manager import BlockManager
+from engine.distributed.parallel_state import pp_size, tp_size
 from engine.engine_args import EngineConfig
 from engine.lora.models import LoRAModelManager
 from engine.model_executor.gguf_loader import load_gguf
@@ -19,6 +20,7 @@ from engine.platforms import ZenCpuPlatform, cpu_hugepages, cpu_malloc
 from engine.platforms import current as current_platform
 from engine.platforms.cpu_features import PLAIN
 from engine.transformers_utils.gguf_folder import gguf_file
+from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.model_runner import ModelRunner
 from engine.worker.pooling_model_runner import PoolingModelRunner, make_pooler
 
@@ -34,6 +36,10 @@ def build_runner(config: EngineConfig, blocks: BlockManager) -> ModelRunner:
     if config.lora_config is not None:  # after the weights are laid out: it wraps the layers
         runner.lora_manager = LoRAModelManager(model, config.model, config.lora_config,
                                                config.dtype)
+    # one process's whole model on the CPU: ranks would replay their collectives apart
+    elif (not config.enforce_eager and tp_size() == 1 and pp_size() == 1
+          and runner.device.type == "cpu"):
+        runner.decode_graphs = DecodeGraphs(model, -(-config.max_model_len // config.block_size))
     return runner
 
 

@@ -21,6 +21,7 @@ from engine.model_executor.layers.sampler import sample
 from engine.model_executor.models.llama import LlamaForCausalLM
 from engine.platforms import cpu_hugepages
 from engine.spec_decode.rejection_sampler import verify
+from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import InputBatch
 
 logger = logging.getLogger("engine")
@@ -43,6 +44,7 @@ def _commit(caches: list[torch.Tensor], background: bool) -> None:
 class ModelRunner:
     linear_mode: str  # how its linear layers are laid out (set by build_runner)
     lora_manager: LoRAModelManager | None = None  # --enable-lora (set by build_runner)
+    decode_graphs: DecodeGraphs | None = None  # unless --enforce-eager (set by build_runner)
 
     def __init__(self, model: LlamaForCausalLM, blocks: BlockManager, dtype: torch.dtype,
                  device: torch.device):
@@ -98,6 +100,11 @@ class ModelRunner:
         ranks of a pipeline stage before the last, the driver (rank 0) excepted."""
         if x.kv_copies:
             self._copy_kv(x.kv_copies)
+        if self.decode_graphs is not None and not x.is_prefill and x.lora_mapping is None:
+            logits = self.decode_graphs.run(x.ids, x.positions, x.slots, x.block_tables,
+                                            x.seq_lens)
+            if logits is not None:
+                return logits
         set_context(ForwardContext(x.is_prefill, x.slots, cu_seqlens=x.cu_seqlens,
                                    block_tables=x.block_tables, seq_lens=x.seq_lens,
                                    query_start_loc=x.query_start_loc,

@@ -45,6 +45,9 @@ def scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="reuse the KV blocks of a prompt prefix computed before "
                    "(default: on)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run every decode step op by op, not replayed from a captured graph "
+                   "(docs/decode-graphs.md)")
 
 
 def speculative_args(p: argparse.ArgumentParser) -> None:

@@ -42,7 +42,6 @@ REFUSED: dict[str, str] = {
 }
 # flags whose effect is already this engine's only behaviour: taken, nothing to do
 NO_OP_BOOLS = {
-    "--enforce-eager": "no CUDA graphs or torch.compile are used",
     "--disable-log-stats": "no periodic stats are logged; /metrics is always served",
     "--disable-uvicorn-access-log": "uvicorn's access log is off",
     "--disable-custom-all-reduce": "tensor parallel ranks all-reduce in shared memory",

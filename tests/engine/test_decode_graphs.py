@@ -136,3 +136,15 @@ def test_greedy_ids_equal_enforce_eager(models, name):
         ids[eager] = [o.outputs[0].token_ids for o in single + batch]
         del llm
     assert ids[True] == ids[False]
+
+
+def test_the_flag_reaches_the_engine_arguments():
+    import argparse
+
+    from engine.cli import scheduler_args
+    from engine.engine_args import cli_engine_args
+
+    p = argparse.ArgumentParser()
+    scheduler_args(p)
+    assert cli_engine_args(p.parse_args(["--enforce-eager"]))["enforce_eager"] is True
+    assert cli_engine_args(p.parse_args([]))["enforce_eager"] is False

@@ -220,6 +220,8 @@ def test_the_flags_are_upstreams():
     p = argparse.ArgumentParser()
     scheduler_args(p)
     assert vars(p.parse_args([])) == {"enable_chunked_prefill": None,
-                                      "enable_prefix_caching": None}
-    args = p.parse_args(["--no-enable-chunked-prefill", "--enable-prefix-caching"])
-    assert (args.enable_chunked_prefill, args.enable_prefix_caching) == (False, True)
+                                      "enable_prefix_caching": None, "enforce_eager": False}
+    args = p.parse_args(["--no-enable-chunked-prefill", "--enable-prefix-caching",
+                         "--enforce-eager"])
+    assert (args.enable_chunked_prefill, args.enable_prefix_caching, args.enforce_eager) == (
+        False, True, True)

@@ -13,11 +13,13 @@
 // out[m, n] = sum_g scale[n, g] * sum_{k in g} x[m, k] * (q[n, k] - zero[n, g]).
 // With few accumulators each gets several sets (k mod U) so that the FMA
 // latency does not bound the stream.
-// The kernels, by job: wna16_decode.h (few rows), wna16_dequant.h (the weight
+// The kernels, by job: wna16_decode.h (few rows; 4-bit bfloat16 below
+// PAIRS_MIN_M rows on AVX512_BF16: wna16_decode_bias.h), wna16_dequant.h (the weight
 // for a large-M GEMM), wna16_amx.h (AMX tiles); here their entry points.
 #include "wna16.h"
 #include "wna16_amx.h"
 #include "wna16_decode.h"
+#include "wna16_decode_bias.h"
 #include "wna16_dequant.h"
 
 #include <stdint.h>
@@ -58,6 +60,8 @@ int64_t linear(DType dt, int bits, void* out, const void* x, const uint32_t* pac
     auto* o = static_cast<uint16_t*>(out);
     auto* xi = static_cast<const uint16_t*>(x);
 #ifdef __AVX512BF16__
+    if (bits == 4 && M < PAIRS_MIN_M)  // one request's decode: wna16_decode_bias.h
+      return linear_q4_bias(o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);
     if (M >= PAIRS_MIN_M) {
       if (bits == 4) return linear_t<4, uint16_t, PairA<4>>(
           o, xi, packed, scales, zeros, M, N, K, G, ldx, ldo);

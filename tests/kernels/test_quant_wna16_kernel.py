@@ -62,6 +62,24 @@ def test_wna16_linear_matches_reference(bits, m, n, k, group, dtype, tiles):
     torch.testing.assert_close(ref.float(), dense.to(dtype).float(), **tol)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_few_rows_4bit_bfloat16_error_stays_near_the_answers_rounding(m, tiles):
+    """One request's kernel (on AVX512_BF16 it sums x * (128 + q) and takes
+    (128 + zero) * sum x off each group): deep K, asymmetric zeros, the error
+    within the bfloat16 answer's rounding plus 2^-12 of sum |x| |w| (a wrong
+    bias or group sum is off by the answer's size)."""
+    n, k, group = 48, 2048, 128
+    q, scales, zeros = _case(n, k, 4, group, seed=7)
+    packed, s, z = pack_wna16(q, scales, zeros, 4, group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    ops.wna16_linear(out, x, packed, s, z, 4, group)
+    w = _dense(q, scales, zeros, group).double()
+    exact = x.double() @ w.T
+    bound = exact.abs() * 2.0 ** -8 + (x.double().abs() @ w.abs().T) * 2.0 ** -12
+    assert ((out.double() - exact).abs() <= bound).all()
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_wna16_dequant_is_the_reference_bit_for_bit(bits, dtype):

@@ -101,24 +101,30 @@ inline VecF vsilu(VecF x) {
   inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, _mm512_set1_ps(2.0f)));
   return _mm512_mul_ps(x, inv);
 }
-// Lane j: the sum of row j of the 16 x 16 floats at p. A tree of pairwise
-// shuffle-adds (15 of them, 3 operations each) where 16 horizontal sums take
-// 8 each; its lanes come out in the order (j % 4) * 4 + j / 4, one permute
-// restores them.
-inline VecF vsum_rows(const float* p) {
+// Lane j: op (add, max) over the lanes of v[j], 16 vectors at once. A tree of
+// pairwise shuffle-ops (15 of them, 3 operations each) where 16 horizontal
+// reductions take 8 each; its lanes come out in the order (j % 4) * 4 + j / 4,
+// one permute restores them.
+template <typename Op>
+inline __m512 vreduce_rows(const __m512* v, Op op) {
   __m512 a[8], b[4], c[2];
-  for (int j = 0; j < 8; ++j) {  // quarters 0+2 and 1+3 of rows 2j and 2j+1
-    const __m512 x = _mm512_loadu_ps(p + 32 * j), y = _mm512_loadu_ps(p + 32 * j + 16);
-    a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
-  }
-  for (int j = 0; j < 4; ++j)  // quarter k: 4 partial sums of row 4j + k
-    b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
-                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
+  for (int j = 0; j < 8; ++j)  // quarters 0+2 and 1+3 of rows 2j and 2j+1
+    a[j] = op(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+              _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)  // quarter k: 4 partial results of row 4j + k
+    b[j] = op(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
+              _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
   for (int j = 0; j < 2; ++j)
-    c[j] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
-                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
-  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+    c[j] = op(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
+              _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
+  const __m512 d = op(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), d);
+}
+// Lane j: the sum of row j of the 16 x 16 floats at p.
+inline VecF vsum_rows(const float* p) {
+  __m512 v[16];
+  for (int j = 0; j < 16; ++j) v[j] = _mm512_loadu_ps(p + 16 * j);
+  return vreduce_rows(v, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
 }
 // NaN to the quiet 0x7fc0 (c10::BFloat16's rule, as float_to_bf16 in scalar.h).
 inline VecI vbf16_bits(VecF v) {

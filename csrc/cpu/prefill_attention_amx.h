@@ -129,22 +129,10 @@ inline __m512 amx_exp2_16(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
-// Lane j: the largest lane of v[j] (16 rows' maxima at once: a tree of
-// pairwise shuffle-max, 45 operations where 16 separate reductions take 128;
-// vsum_rows in cpu_types_x86.h is the same tree with adds).
+// Lane j: the largest lane of v[j] (16 rows' maxima at once: cpu_types_x86.h's
+// vreduce_rows tree, 45 operations where 16 separate reductions take 128).
 inline __m512 amx_row_max(const __m512* v) {
-  __m512 a[8], b[4], c[2];
-  for (int j = 0; j < 8; ++j)
-    a[j] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
-  for (int j = 0; j < 4; ++j)
-    b[j] = _mm512_max_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
-                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
-  for (int j = 0; j < 2; ++j)
-    c[j] = _mm512_max_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
-                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
-  const __m512 d = _mm512_max_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), d);
+  return vreduce_rows(v, [](__m512 x, __m512 y) { return _mm512_max_ps(x, y); });
 }
 
 // The online softmax over one block of 64 scores a row (s, masked here), P to

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets, add_check_argument
+from benchmarks.common import Targets, add_check_argument, say_ready
 
 TARGET_VS_ST, TARGET_VS_PEER = 2.0, 1.0
 # all-MiniLM-L6-v2's shape, the most used small embedding model
@@ -57,8 +57,7 @@ def child(kind: str, model: str, n: int) -> None:
         llm = LLM(model, dtype="float32")
     batch = texts(n)
     first = llm.embed(batch[:64])
-    print("READY " + json.dumps({"first": [list(map(float, o.outputs.embedding))
-                                           for o in first[:4]]}), flush=True)
+    say_ready({"first": [list(map(float, o.outputs.embedding)) for o in first[:4]]})
     for _ in sys.stdin:
         t0 = time.perf_counter()
         llm.embed(batch)

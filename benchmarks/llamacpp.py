@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import BestOfWorker, Targets, add_check_argument
+from benchmarks.common import BestOfWorker, Targets, add_check_argument, say_ready
 from benchmarks.models import MAX_POS, make_model, prompt_ids
 
 REPO = Path(_HERE).parent
@@ -80,7 +80,7 @@ def child(kind: str, model: str, tokenizer: str, dtype: str, new: int, threads: 
         gen_many = batched.generate
     startup = time.perf_counter() - t0
     gen(prompt_ids(1, 8)[0], 4)
-    print("READY " + json.dumps({"startup": startup}), flush=True)
+    say_ready({"startup": startup})
     fresh = iter(range(2, 1 << 30))  # new prompts every time: no prefix-cache hits
     for line in sys.stdin:
         what = line.split()

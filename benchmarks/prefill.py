@@ -35,7 +35,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from benchmarks.common import Targets, Worker, add_check_argument  # noqa: E402
+from benchmarks.common import Targets, Worker, add_check_argument, say_ready  # noqa: E402
 from benchmarks.models import MODEL_SIZES, make_model, prompt_ids  # noqa: E402
 
 LENGTHS = (500, 1500, 3000)
@@ -71,7 +71,7 @@ def child(kind: str, model: str, dtype: str) -> None:
         from engine import ops
 
         info["isa"] = ops.cpu_isa()
-    print("READY " + json.dumps(info), flush=True)
+    say_ready(info)
     for line in sys.stdin:
         length, seed = map(int, line.split())
         ids = prompt_ids(1, length - 1, seed=seed)[0]

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import BestOfWorker, Targets, add_check_argument
+from benchmarks.common import BestOfWorker, Targets, add_check_argument, say_ready
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 
 BATCHES = (1, 16)  # decode requests
@@ -64,7 +64,7 @@ def child(kind: str, model: str, new: int) -> None:
             return [list(o.outputs[0].token_ids) for o in outs]
     startup = time.perf_counter() - t0
     gen(decode[:1], 4)
-    print("READY " + json.dumps({"startup": startup}), flush=True)
+    say_ready({"startup": startup})
     fresh = iter(range(2, 1 << 30))  # every prefill new prompts: no prefix-cache hits
     for line in sys.stdin:
         what = line.split()

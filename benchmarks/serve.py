@@ -41,7 +41,8 @@ import time
 from pathlib import Path
 
 from benchmarks import serve_workloads
-from benchmarks.common import Worker, add_record_argument, record
+from benchmarks.common import (Worker, add_record_argument, join_turns, leave_turns, record,
+                               say_ready, take_turn)
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 from benchmarks.peer import peer_env, require_peer
 
@@ -64,7 +65,7 @@ def offline_child(model: str, words: int) -> None:
     prompts = prompt_ids(max(CONCURRENCY), words)
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=SamplingParams(temperature=0,
                                                                               max_tokens=4))
-    print("READY {}", flush=True)
+    say_ready()
     for line in sys.stdin:
         c, new = map(int, line.split())
         t0 = time.perf_counter()
@@ -107,8 +108,10 @@ class Served:
                 pass
             time.sleep(0.2)
         self.startup = time.perf_counter() - t0
+        join_turns(self)
 
     def close(self):
+        leave_turns(self)
         self.proc.terminate()
         try:
             self.proc.wait(timeout=60)
@@ -174,6 +177,7 @@ async def _round(url: str, model: str, prompts, new: int):
 
 
 def served_round(server: Served, model: str, prompts, new: int) -> dict:
+    take_turn(server)
     tps, ttfts, per_event = asyncio.run(_round(server.url, model, prompts, new))
     ttfts.sort()
     return {"tok_s": tps, "ttft_p50": statistics.median(ttfts),
@@ -261,6 +265,7 @@ def main() -> int:
             prompts = prompt_ids(max(CONCURRENCY), a.prompt_words)
             sides = {"offline": offline.round}
             for name, server in zip(("served", "peer"), servers):
+                take_turn(server)
                 asyncio.run(_round(server.url, "m", prompts[:2], 4))  # warm-up
                 sides[name] = (lambda server: lambda c, new: served_round(
                     server, "m", prompts[:c], new))(server)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import record
+from benchmarks.common import record, take_turn
 from benchmarks.models import MODEL_SIZES, make_model
 from benchmarks.peer import peer_env, require_peer
 
@@ -206,6 +206,7 @@ def main(a, repo: Path, serve) -> int:
                            "m", "--max-model-len", str(a.max_model_len)],
                     {**env, "PYTHONPATH": str(repo)}, port, Path(tmp) / f"{name}.log"))
             for seed, (name, server) in enumerate(zip(sides, servers)):
+                take_turn(server)  # the other server stopped (benchmarks/common.py)
                 asyncio.run(_clients(server.url, [[1] + _ids(16, random.Random(99))], 4))
                 extra = (server.proc.pid,) if a.workload == "heavy-requests" else ()
                 got[name] = run(server.url, a, 1000 + seed, *extra)

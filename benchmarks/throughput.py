@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Targets, Worker, add_record_argument
+from benchmarks.common import Targets, Worker, add_record_argument, say_ready
 from benchmarks.models import (ARCHS, MAX_POS, MODEL_SIZES, active_params, make_model,
                                num_params, prompt_ids, read_params)
 
@@ -96,7 +96,7 @@ def child(kind: str, model: str, dtype: str, prompt_len: int, new: int) -> None:
             with torch.inference_mode():
                 out = m.generate(x[:batch], max_new_tokens=new, min_new_tokens=new, **kw)
             return out[:, x.shape[1]:].tolist()
-    print("READY " + json.dumps({"startup": startup}), flush=True)
+    say_ready({"startup": startup})
     for line in sys.stdin:
         t0 = time.perf_counter()
         ids = run(int(line))
@@ -129,7 +129,9 @@ def roofline_child(dtype: str) -> None:
     import torch
 
     dt = getattr(torch, dtype)
-    src = torch.ones(256 << 20, dtype=torch.float32)  # 1 GiB
+    # random, not ones: pages of equal bytes can be merged by the host (KSM), and
+    # one run's sum of ones read 60 GB/s where every other run here read 36
+    src = torch.rand(256 << 20, dtype=torch.float32)  # 1 GiB
     best = min(_timed(lambda: src.sum()) for _ in range(5))
     bw = src.numel() * 4 / best
     a = torch.randn(2048, 2048, dtype=dt)

@@ -25,6 +25,8 @@ from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import InputBatch
 
 logger = logging.getLogger("engine")
+#: the thread that faults the KV cache in after start-up (benchmarks wait for it)
+KV_COMMIT_THREAD = "kv-commit"
 
 
 def _commit(caches: list[torch.Tensor], background: bool) -> None:
@@ -75,7 +77,7 @@ class ModelRunner:
             caches += [attn.k_cache, attn.v_cache]
         if device.type == "cpu" and caches:
             if cpu_hugepages.can_populate(caches[0]):
-                threading.Thread(target=_commit, args=(caches, True), name="kv-commit",
+                threading.Thread(target=_commit, args=(caches, True), name=KV_COMMIT_THREAD,
                                  daemon=True).start()
             else:
                 _commit(caches, False)

@@ -17,8 +17,8 @@ PANELS = cf.LinearChoice(cf.PANELS, "")
 
 
 @pytest.mark.parametrize("isa,flags,dtype,rows,mode", [
-    ("avx512_bf16", ZEN4, "bfloat16", 512, cf.PREPACKED),
-    ("avx512_bf16", ZEN4, "float32", 512, cf.PREPACKED),
+    ("avx512_bf16", ZEN4, "bfloat16", 256, cf.PREPACKED),
+    ("avx512_bf16", ZEN4, "float32", 256, cf.PREPACKED),
     ("avx512_bf16", XEON_AMX, "float32", 128, cf.PREPACKED),  # oneDNN ahead sooner there
     ("avx512_bf16", XEON_AMX, "bfloat16", 8, cf.PREPACKED),   # AMX tiles from 8 rows
     ("avx2", XEON_AMX, "float32", 128, cf.PREPACKED),         # capped: the avx2 crossover

@@ -152,9 +152,10 @@ def take_turn(side) -> None:
     """Stop every other loaded side's process tree and continue `side`'s
     (anything with a `proc`), before it runs. An idle engine is not always
     still: upstream vLLM's worker polls its shared-memory queue, and on 2
-    cores each wake-up preempts the measured engine's threads. Measured: our
+    cores each wake-up preempts the measured engine's threads (one run: our
     500-token SmolLM-shape prefill 595 -> 641 ms beside an idle `LLM` of vLLM
-    0.32.0, and that run's turns are what a comparison measures."""
+    0.32.0, though this machine's speed also swings by that much). Stopped,
+    a side costs the measured one nothing, whichever side it is."""
     for other in _SIDES:
         if other is not side:
             signal_tree(other.proc.pid, signal.SIGSTOP)

@@ -129,8 +129,10 @@ def roofline_child(dtype: str) -> None:
     import torch
 
     dt = getattr(torch, dtype)
-    # random, not ones: pages of equal bytes can be merged by the host (KSM), and
-    # one run's sum of ones read 60 GB/s where every other run here read 36
+    # random, not ones (pages of equal bytes a host may merge). On the 2-core AMD
+    # VMs this reads 35-37 GB/s in most runs and 60-65 GB/s in a few (ones or
+    # random alike): a step's GB/s is printed beside it, so a ratio can be read
+    # against either
     src = torch.rand(256 << 20, dtype=torch.float32)  # 1 GiB
     best = min(_timed(lambda: src.sum()) for _ in range(5))
     bw = src.numel() * 4 / best

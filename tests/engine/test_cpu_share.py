@@ -106,4 +106,5 @@ def test_start_workers_leaves_threads_a_job_finds_started():
         return before, set(names), {t.ident for t in threading.enumerate()}
 
     before, ran_on, after = asyncio.run(main())
-    assert ran_on <= before and after == before
+    # no thread started for the jobs (an earlier test's daemon thread may end meanwhile)
+    assert ran_on <= before and after <= before

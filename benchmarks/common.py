@@ -181,6 +181,16 @@ def _continue_all() -> None:
         leave_turns(side)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used, its threads' included; 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def signal_tree(pid: int, sig: int) -> None:
     for p in process_tree(pid):
         try:

@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 
 from benchmarks import serve_workloads
-from benchmarks.common import (Worker, add_record_argument, join_turns, leave_turns, record,
-                               say_ready, take_turn)
+from benchmarks.common import (Worker, add_record_argument, cpu_seconds, join_turns,
+                               leave_turns, process_tree, record, say_ready, take_turn)
 from benchmarks.models import MAX_POS, MODEL_SIZES, make_model, prompt_ids
 from benchmarks.peer import peer_env, require_peer
 
@@ -84,7 +84,10 @@ class Offline(Worker):
                           "--prompt-words", str(words)], env, log, "offline run")
 
     def round(self, clients: int, new: int) -> dict:
-        return self.ask(f"{clients} {new}")
+        before = sum(map(cpu_seconds, process_tree(self.proc.pid)))
+        r = self.ask(f"{clients} {new}")
+        after = sum(map(cpu_seconds, process_tree(self.proc.pid)))
+        return {**r, "cpu": {"offline": (after - before) * 1000 / (clients * new)}}
 
 
 class Served:
@@ -177,12 +180,22 @@ async def _round(url: str, model: str, prompts, new: int):
 
 
 def served_round(server: Served, model: str, prompts, new: int) -> dict:
+    """One round's figures, and the CPU seconds per 1000 output tokens that the
+    API server, the engine core (its other processes) and this load generator
+    took in it: on 2 shared cores, every one of them is time the engine lacks."""
     take_turn(server)
+    tree = process_tree(server.proc.pid)
+    before = [cpu_seconds(p) for p in tree] + [sum(os.times()[:2])]
     tps, ttfts, per_event = asyncio.run(_round(server.url, model, prompts, new))
+    spent = [a - b for a, b in zip([cpu_seconds(p) for p in tree] + [sum(os.times()[:2])],
+                                   before)]
+    per = 1000 / (len(prompts) * new)
     ttfts.sort()
     return {"tok_s": tps, "ttft_p50": statistics.median(ttfts),
             "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
-            "tok_per_event": per_event}
+            "tok_per_event": per_event,
+            "cpu": {"API server": spent[0] * per, "engine core": sum(spent[1:-1]) * per,
+                    "load generator": spent[-1] * per}}
 
 
 def measure(sides: dict, new: int, repeats: int,
@@ -275,11 +288,12 @@ def main() -> int:
                 server.close()
             offline.close()
     base = {c: r["tok_s"] for c, r in got["offline"].items()}
+    base_cpu = {c: r["cpu"]["offline"] for c, r in got["offline"].items()}
     return report(a, base, got["served"], servers[0].startup, got.get("peer"),
-                  servers[1].startup if peer_python else None)
+                  servers[1].startup if peer_python else None, base_cpu)
 
 
-def report(a, base, served, startup, peer, peer_startup) -> int:
+def report(a, base, served, startup, peer, peer_startup, base_cpu=None) -> int:
     print(f"start-up to /health: engine serve {startup:.1f} s"
           + (f", vllm serve {peer_startup:.1f} s" if peer else ""))
     head = f"{'clients':>7} {'offline tok/s':>14} {'served tok/s':>13} {'vs offline':>11} " \
@@ -320,6 +334,12 @@ def report(a, base, served, startup, peer, peer_startup) -> int:
             if c in PEER_CHECKED_AT and q < TARGET_VS_PEER:
                 missed.append(f"{c} clients: served/vllm {q:.2f}x < {TARGET_VS_PEER}x")
         print(line)
+    print("CPU seconds per 1000 output tokens, fastest rounds (offline: its whole process):")
+    for c in CONCURRENCY if base_cpu else ():
+        cpu = served[c].get("cpu", {})
+        print(f"{c:>7} clients: offline {base_cpu[c]:.3f}; served "
+              + ", ".join(f"{k} {v:.3f}" for k, v in cpu.items())
+              + f" (sum {sum(cpu.values()):.3f})")
     print(f"targets: served >= {TARGET_VS_OFFLINE} x offline (by clients)"
           + (f"; >= {TARGET_VS_PEER}x vllm serve at {PEER_CHECKED_AT} clients; TTFT p50/p99 "
              f"<= {TTFT_VS_PEER}x vllm's at {TTFT_CHECKED_AT} clients" if peer else ""))

@@ -253,8 +253,8 @@ def _onednn_choice(dtype: str, features: CpuFeatures, torch_support: TorchLinear
 #: With AVX512_BF16 (AMD Zen 4, no AMX), re-measured on a quiet 2-core EPYC on
 #: SmolLM-135M's four GEMMs (K x N = 576 x 960, 576 x 576, 576 x 3072, 1536 x
 #: 576) over its 30 layers, ms panels / oneDNN: float32 M=64 73/78, M=128
-#: 134/135, M=256 252/248, M=500 497/481; bfloat16 M=64 36/38, M=128 68/69,
-#: M=256 132/131, M=500 254/250: the crossover is 256 rows.
+#: 128/129, M=256 251/248, M=500 490/479; bfloat16 M=64 36/38, M=128 70/69,
+#: M=256 131/128, M=500 250/248: the crossover is 256 rows.
 LARGE_M_ROWS = {
     ("avx512_bf16", "float32"): 256, ("avx512_bf16", "bfloat16"): 256,
     ("avx512", "float32"): 512, ("avx512", "bfloat16"): 512,

@@ -45,7 +45,10 @@ def settled(side, want: str) -> bool:
 
 @pytest.fixture
 def sides():
+    """Two loaded sides, both taking turns."""
     made = [Side(), Side()]
+    for side in made:
+        common.join_turns(side)
     yield made
     for side in made:
         common.leave_turns(side)
@@ -55,8 +58,6 @@ def sides():
 
 def test_the_side_not_taking_its_turn_is_stopped_child_and_all(sides):
     a, b = sides
-    for side in sides:
-        common.join_turns(side)
     common.take_turn(a)
     assert settled(b, "T") and settled(a, "S")
     common.take_turn(b)
@@ -65,8 +66,6 @@ def test_the_side_not_taking_its_turn_is_stopped_child_and_all(sides):
 
 def test_leaving_continues_a_stopped_side_and_it_is_stopped_no_more(sides):
     a, b = sides
-    for side in sides:
-        common.join_turns(side)
     common.take_turn(a)
     assert settled(b, "T")
     common.leave_turns(b)
@@ -77,8 +76,6 @@ def test_leaving_continues_a_stopped_side_and_it_is_stopped_no_more(sides):
 
 def test_a_benchmark_that_ends_leaves_nothing_stopped(sides):
     a, b = sides
-    for side in sides:
-        common.join_turns(side)
     common.take_turn(a)
     assert settled(b, "T")
     common._continue_all()  # what atexit runs

@@ -54,7 +54,8 @@ UNIT = {4: 8, 5: 32, 6: 16, 8: 4}
                                                  (8, 128, False), (8, 32, False), (8, 0, True)])
 @pytest.mark.parametrize("m,n,k,group", [(1, 16, 64, 32), (1, 7, 96, 32), (3, 33, 160, 32),
                                          (5, 50, 48, 16), (9, 24, 128, 64), (16, 40, 64, 8),
-                                         (17, 100, 96, 32), (2, 20, 40, 8)])
+                                         (17, 100, 96, 32), (2, 20, 40, 8),
+                                         (130, 40, 96, 32)])  # prefill's batches
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_reference(bits, zero, with_mins, m, n, k, group, dtype):
     if group % UNIT[bits]:

@@ -1,4 +1,4 @@
-"""GGUF layers at decode with x rounded to int8 (engine.model_executor.layers.
+"""GGUF layers with x rounded to int8 (engine.model_executor.layers.
 quantization.gguf_int8, as llama.cpp multiplies): every block type's layer,
 fused ones of mixed types included, stays within x's rounding of the float
 product; a tied LM head runs on the file's blocks, equal to the dequantized
@@ -53,7 +53,8 @@ def test_every_type_within_x_rounding(src):
     assert max(len(layer.gguf_int8) for layer in layers) == 3
     g = torch.Generator().manual_seed(0)
     for layer in layers:
-        for rows in (1, 5, layer.gguf_int8_rows):
+        assert layer.gguf_int8_rows >= 64  # float32: prefill's batches too, AMX or not
+        for rows in (1, 5, 16, 64):  # 64: several blocks of the kernel's 4 or 8 rows
             x = torch.randn(rows, layer.in_features, generator=g)
             got = layer(x)
             rows_was, layer.gguf_int8_rows = layer.gguf_int8_rows, 0  # the float kernel
@@ -72,3 +73,24 @@ def test_tied_head_runs_the_file_blocks(src, qtype):
         assert model.config.tie_word_embeddings and model.lm_head.quant_method is not None
         want = x @ model.embed_tokens.T  # the dequantized blocks the lookup reads
         assert _rel(model.lm_head(x), want) < tol
+
+
+@pytest.mark.parametrize("dtype, amx, env, want", [
+    (torch.float32, False, None, "every"), (torch.bfloat16, False, None, "every"),
+    (torch.float32, True, None, "every"),  # AMX tiles run bfloat16 only
+    (torch.bfloat16, True, None, 16),
+    (torch.bfloat16, False, "0", 0), (torch.float32, True, "300", 300)])
+def test_rows_default_per_cpu(monkeypatch, dtype, amx, env, want):
+    """int8 for every batch unless bfloat16 runs AMX tiles (then up to the 16 rows
+    measured against them); VLLM_GGUF_INT8_MAX_M overrides either."""
+    from engine.model_executor.layers.quantization import gguf_int8
+
+    monkeypatch.setattr(ops, "amx_in_use", lambda: amx)
+    if env is None:
+        monkeypatch.delenv("VLLM_GGUF_INT8_MAX_M", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_GGUF_INT8_MAX_M", env)
+    got = gguf_int8.max_rows(dtype)
+    assert got == (gguf_int8.EVERY_BATCH if want == "every" else want)
+    if want == "every":
+        assert got > 1 << 30  # no step has that many tokens

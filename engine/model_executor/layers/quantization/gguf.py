@@ -8,11 +8,12 @@ x . ((q * s) + m) = x . (q * s) + sum_g m_g * sum_{k in g} x_k, a small
 float a group to read). A fused layer (q/k/v, gate/up) whose parts differ in
 type (Q4_K_M files give v_proj Q6_K beside Q4_K) takes the widest bits and
 the finest group of its parts: a 4-bit q fits 8 bits, a scale covers two
-half-groups as it covers one. Up to gguf_int8.INT8_MAX_M rows (decode) the
-x86 kernels quantize x to int8 and multiply in integer dot products as
-llama.cpp does (gguf_int8), over a weight of the file's bits a value: the same
-packed weight for 4- and 8-bit types, nibbles and high bits for 5- and 6-bit
-ones; a fused layer's parts by runs of one type."""
+half-groups as it covers one. The x86 kernels quantize x to int8 and
+multiply in integer dot products as llama.cpp does (gguf_int8; every batch,
+or up to gguf_int8.INT8_MAX_M_AMX rows where bfloat16 runs AMX tiles), over
+a weight of the file's bits a value: the same packed weight for 4- and 8-bit
+types, nibbles and high bits for 5- and 6-bit ones; a fused layer's parts by
+runs of one type."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ class GGUFLinear(WNA16):
     def load(self, layer: Linear, parts: list[Unpacked]) -> None:
         """Give `layer` this method and its weight: parts, the fused layer's in
         order of their rows."""
+        assert layer.weight is not None, "the float layer, before its weights are read"
+        dtype = layer.weight.dtype  # the model's: create_weights drops the placeholder
         self.create_weights(layer)
         group = self.group_size
         assert group is not None, "GGUF blocks have groups"
@@ -49,7 +52,7 @@ class GGUFLinear(WNA16):
         self.set_weights(layer, _cat(qs), _cat(scales), _cat(zeros), None, group)
         layer.gguf_mins = None
         has_mins = any(u.mins is not None for u in parts)
-        layer.gguf_int8_rows = gguf_int8.max_rows()
+        layer.gguf_int8_rows = gguf_int8.max_rows(dtype)
         layer.gguf_int8 = _int8_weights(layer, parts) if layer.gguf_int8_rows > 0 else []
         if has_mins:
             m = _cat(mins)  # [N, groups]

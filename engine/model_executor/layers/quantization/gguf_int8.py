@@ -19,12 +19,22 @@ from engine.model_executor.layers.quantization.wna16 import pack_wna16
 from engine.platforms import cpu_hugepages
 
 PANEL = ops.PANEL
-#: Rows up to which the int8 kernel runs by default, wna16's float kernel (or
-#: the large-M GEMM, or AMX tiles) from there. At 16 rows (16 concurrent
-#: requests) it beat wna16's AMX tiles on a 2-core Sapphire Rapids once the
-#: weight streamed at the file's bits: SmolLM-135M shape, 16 x 64 tokens,
-#: Q4_K file (mostly Q5_0) 697-715 tok/s vs 447, Q8_0 640-652 vs 419-434.
-INT8_MAX_M = 16
+#: Rows up to which the int8 kernel runs by default where bfloat16 layers run
+#: AMX tiles (wna16's, from 16 rows; oneDNN's for a large batch): at 16 rows
+#: (16 concurrent requests) the int8 kernel beat wna16's AMX tiles on a 2-core
+#: Sapphire Rapids once the weight streamed at the file's bits: SmolLM-135M
+#: shape, 16 x 64 tokens, Q4_K file (mostly Q5_0) 697-715 tok/s vs 447, Q8_0
+#: 640-652 vs 419-434. Past 16 rows there the tiles were not measured against it.
+INT8_MAX_M_AMX = 16
+#: Elsewhere every batch, prefill too (as llama.cpp quantizes x for every batch):
+#: measured on a 2-core AMD Zen 4, SmolLM-135M shape, the same process switching
+#: paths, float path (dequantized panels + GEMM) / int8 ms, bfloat16: Q4_0 500-token
+#: prompt 392/309, 2000 2054/1739, 16 x 32-token prompts 361/285; Q4_K 371/271,
+#: 2014/1759, 327/298; Q8_0 337/256, 1922/1711, 310/242; float32 Q4_0 579/265,
+#: 2952/1714, 567/228; capped to AVX-512 (no VNNI) Q4_0 bfloat16 636/378,
+#: 3104/2129, 618/352; to AVX2 627/520, 3357/3037, 592/480 (Q4_K 1.09-1.20x,
+#: Q8_0 1.04-1.11x, float32 1.06-1.20x faster). A count no step reaches:
+EVERY_BATCH = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -41,12 +51,14 @@ class Int8Weight:
     zero: int
 
 
-def max_rows() -> int:
-    """Rows up to which a GGUF layer runs the int8 kernel (0: none)."""
+def max_rows(dtype: torch.dtype) -> int:
+    """Rows up to which a GGUF layer of `dtype` runs the int8 kernel (0: none)."""
     if not ops.has_gguf_int8_linear():
         return 0
     rows = envs.gguf_int8_max_m()
-    return INT8_MAX_M if rows is None else rows
+    if rows is not None:
+        return rows
+    return INT8_MAX_M_AMX if dtype == torch.bfloat16 and ops.amx_in_use() else EVERY_BATCH
 
 
 def pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, mins: torch.Tensor | None,

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -60,6 +62,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _serve_until_ctrl_c(server, ready: str) -> None:
+    """serve_forever until SIGINT (Ctrl-C). The handler asks the loop to return
+    (shutdown() from another thread: it waits for the loop) rather than letting
+    KeyboardInterrupt land wherever the main thread is: once in a CI run the
+    server never exited after a Ctrl-C with a keep-alive connection open."""
+    def stop(signum, frame):
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, stop)
+    print(ready, flush=True)  # a Ctrl-C from now on is heard
+    try:
+        server.serve_forever()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run(args) -> int:
     if args.command == "serve":
         from wheel_index.server import make_server
@@ -75,14 +93,12 @@ def run(args) -> int:
         except OSError as exc:
             raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
                             "choose another --port") from None
-        print(f"serving {storage.root} on http://{args.host}:{server.server_address[1]}/",
-              flush=True)
         try:
-            server.serve_forever()
-        except KeyboardInterrupt:  # Ctrl-C: stop listening, cut open connections, exit 0
+            _serve_until_ctrl_c(server, f"serving {storage.root} on "
+                                        f"http://{args.host}:{server.server_address[1]}/")
             print("stopped", flush=True)
         finally:
-            server.server_close()
+            server.server_close()  # cut open connections, then exit 0
         return 0
     storage = open_index(args.index, create=args.command == "publish")
     if args.command == "publish":

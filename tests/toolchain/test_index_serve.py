@@ -167,9 +167,10 @@ def test_thread_pool_is_capped_and_serves_a_crowd(tmp_path):
         server.server_close()
 
 
-def _serve(idx, *extra) -> tuple[subprocess.Popen, int]:
+def _serve(idx, *extra, python_flags=()) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "wheel_index", "serve", "--index", str(idx),
+    proc = subprocess.Popen([sys.executable, *python_flags, "-m", "wheel_index", "serve",
+                             "--index", str(idx),
                              "--port", str(port), *extra], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert "serving" in proc.stdout.readline()
@@ -211,7 +212,7 @@ def test_streams_large_files_in_flat_memory(served):
 
 def test_ctrl_c_stops_cleanly_with_a_connection_open(served):
     _, idx, _ = served
-    proc, port = _serve(idx)
+    proc, port = _serve(idx, python_flags=("-X", "faulthandler"))
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("GET", "/nightly/cpu/")  # keep-alive: a worker now waits on this connection
     conn.getresponse().read()
@@ -219,6 +220,10 @@ def test_ctrl_c_stops_cleanly_with_a_connection_open(served):
     try:
         # what this checks is a clean exit; 10 s ran out once beside a compile on 2 cores
         out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"no exit 30 s after Ctrl-C; the server's threads:\n{err[-6000:]}")
     finally:
         conn.close()
         if proc.poll() is None:

@@ -185,10 +185,13 @@ def served_round(server: Served, model: str, prompts, new: int) -> dict:
     took in it: on 2 shared cores, every one of them is time the engine lacks."""
     take_turn(server)
     tree = process_tree(server.proc.pid)
-    before = [cpu_seconds(p) for p in tree] + [sum(os.times()[:2])]
+
+    def used() -> list[float]:  # the server's processes, then this one
+        return [cpu_seconds(p) for p in tree] + [sum(os.times()[:2])]
+
+    before = used()
     tps, ttfts, per_event = asyncio.run(_round(server.url, model, prompts, new))
-    spent = [a - b for a, b in zip([cpu_seconds(p) for p in tree] + [sum(os.times()[:2])],
-                                   before)]
+    spent = [a - b for a, b in zip(used(), before)]
     per = 1000 / (len(prompts) * new)
     ttfts.sort()
     return {"tok_s": tps, "ttft_p50": statistics.median(ttfts),
@@ -293,7 +296,7 @@ def main() -> int:
                   servers[1].startup if peer_python else None, base_cpu)
 
 
-def report(a, base, served, startup, peer, peer_startup, base_cpu=None) -> int:
+def report(a, base, served, startup, peer, peer_startup, base_cpu) -> int:
     print(f"start-up to /health: engine serve {startup:.1f} s"
           + (f", vllm serve {peer_startup:.1f} s" if peer else ""))
     head = f"{'clients':>7} {'offline tok/s':>14} {'served tok/s':>13} {'vs offline':>11} " \
@@ -335,8 +338,8 @@ def report(a, base, served, startup, peer, peer_startup, base_cpu=None) -> int:
                 missed.append(f"{c} clients: served/vllm {q:.2f}x < {TARGET_VS_PEER}x")
         print(line)
     print("CPU seconds per 1000 output tokens, fastest rounds (offline: its whole process):")
-    for c in CONCURRENCY if base_cpu else ():
-        cpu = served[c].get("cpu", {})
+    for c in CONCURRENCY:
+        cpu = served[c]["cpu"]
         print(f"{c:>7} clients: offline {base_cpu[c]:.3f}; served "
               + ", ".join(f"{k} {v:.3f}" for k, v in cpu.items())
               + f" (sum {sum(cpu.values()):.3f})")

@@ -121,8 +121,7 @@ class AsyncLLM:
 
     async def _read_outputs(self) -> None:
         try:
-            while True:
-                self._apply(await self.client.get_output())
+            await self.client.on_outputs(self._apply)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a bad message is the end of the link

@@ -500,3 +500,15 @@ def test_async_llm_merges_the_steps_of_one_hand_off(tiny):
     assert [len(u.new_token_ids) for u in got] == [1, 3, 3, 1]  # the 8th ends it: at once
     assert [t for u in got for t in u.new_token_ids] == want
     assert [u.finish_reason for u in got] == [None, None, None, "length"]
+
+
+def test_api_server_runs_on_uvloop_where_installed(monkeypatch):
+    """uvloop (a requirement on Linux) runs the API server's loop, as `vllm
+    serve`; without it, asyncio's own."""
+    import uvloop
+
+    from engine.entrypoints.openai import serve
+
+    assert serve._runner() is uvloop.run
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # `import uvloop` now raises ImportError
+    assert serve._runner() is asyncio.run

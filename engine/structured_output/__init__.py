@@ -95,7 +95,10 @@ class StructuredOutputManager:
 
         def compile_():
             backend = self._get_backend()
-            return backend.matcher(backend.compile(p))
+            matcher = backend.matcher(backend.compile(p))
+            # xgrammar's compile can hold the GIL throughout: the step that
+            # should see the deadline pass then runs only once it has ended
+            return matcher, time.monotonic()
 
         seq.grammar_pending = _Pending(self._compiles.submit(compile_),
                                        time.monotonic() + self.timeout_s)
@@ -107,14 +110,18 @@ class StructuredOutputManager:
         """True once compiled (seq.grammar set), False while compiling, or the
         error line that fails the request."""
         pending: _Pending = seq.grammar_pending
+        too_slow = (f"structured_outputs: the grammar took more than {self.timeout_s:g} s to "
+                    "compile; simplify the schema")
         if not pending.future.done():
             if time.monotonic() < pending.deadline:
                 return False
             pending.future.cancel()
-            return (f"structured_outputs: the grammar took more than {self.timeout_s:g} s to "
-                    "compile; simplify the schema")
+            return too_slow
         try:
-            seq.grammar = pending.future.result()
+            seq.grammar, finished = pending.future.result()
+            if finished > pending.deadline:  # the same answer however the threads took turns
+                seq.grammar = None
+                return too_slow
         except Exception as exc:  # noqa: BLE001 - the client's schema, one line
             from engine.structured_output.backend_xgrammar import error_line
 

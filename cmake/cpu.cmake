@@ -64,7 +64,8 @@ foreach(_isa IN LISTS _isas)
 endforeach()
 
 target_sources(_C PRIVATE csrc/cpu/cpu_ops.cpp csrc/cpu/moe_ops.cpp csrc/cpu/isa.cpp)
-target_sources(_C PRIVATE csrc/cpu/wna16_ops.cpp csrc/cpu/gguf_int8_ops.cpp csrc/cpu/lora_ops.cpp)
+target_sources(_C PRIVATE csrc/cpu/wna16_ops.cpp csrc/cpu/gguf_int8_ops.cpp csrc/cpu/lora_ops.cpp
+                          csrc/cpu/sample_ops.cpp)
 target_compile_definitions(_C PRIVATE ENGINE_WITH_CPU_KERNELS)
 # OpenMP::OpenMP_CXX links libgomp.so.1 by soname: at run time that is the
 # libgomp torch has already loaded, so there is one OpenMP thread pool.

@@ -116,6 +116,14 @@ TORCH_LIBRARY_IMPL(_C, CPU, m) { m.impl("gguf_int8_linear", &engine::cpu::gguf_i
 #endif
 
 #ifdef ENGINE_WITH_CPU_KERNELS
+#include "cpu/sample_ops.h"
+// CPU only: greedy sampling, each row's first index of its maximum (a NaN
+// counting as the maximum, as torch.max) into out (int64, one per row).
+TORCH_LIBRARY_FRAGMENT(_C, m) { m.def("argmax_rows(Tensor! out, Tensor logits) -> ()"); }
+TORCH_LIBRARY_IMPL(_C, CPU, m) { m.impl("argmax_rows", &engine::cpu::argmax_rows); }
+#endif
+
+#ifdef ENGINE_WITH_CPU_KERNELS
 #include "cpu/lora_ops.h"
 // CPU only: the LoRA term of a linear layer for few tokens (punica's bgmv),
 // each token against its own adapter slot (token_slot int32, -1: none);

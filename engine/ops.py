@@ -18,7 +18,7 @@ OP_NAMES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"
 #: Ops registered for one device only.
 DEVICE_OP_NAMES = {"cpu": ("linear", "int8_linear", "paged_prefill_attention", "fused_moe",
                            "wna16_linear", "wna16_dequant", "wna16_dequant_panels",
-                           "gguf_int8_linear", "lora_add")}
+                           "gguf_int8_linear", "lora_add", "argmax_rows")}
 #: Columns per panel of a packed linear weight.
 PANEL = reference.PANEL
 
@@ -263,3 +263,32 @@ def select_cpu_isa(name: str) -> str:
     global _has_gguf_int8
     _has_gguf_int8 = None
     return torch.ops._C.select_cpu_isa(chosen)
+
+
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's first index of its maximum (a NaN counting as the maximum),
+    as torch.max(logits, -1).indices: greedy sampling. The CPU kernel reads
+    float32 or bfloat16 rows in place (one 49152-token bfloat16 row: ~9 us
+    against ~60 us for torch's float copy and max)."""
+    kernel = _argmax_kernel()
+    if kernel is None or logits.device.type != "cpu" or logits.dim() != 2 or \
+            logits.dtype not in (torch.float32, torch.bfloat16) or logits.stride(-1) != 1:
+        return torch.max(logits, dim=-1).indices.tolist()
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    kernel(out, logits)
+    return out.tolist()
+
+
+def _argmax_kernel():
+    global _argmax
+    if _argmax is None:
+        _argmax = False
+        if BUILD_INFO.device == "cpu" and BUILD_INFO.has_kernels:
+            try:
+                _argmax = torch.ops._C.argmax_rows.default
+            except (AttributeError, RuntimeError):
+                pass  # a build from before the op (precompiled mode's older wheels): torch's
+    return _argmax or None
+
+
+_argmax = None

@@ -14,6 +14,7 @@ import logging
 
 import torch
 
+from engine import ops
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("engine")
@@ -26,15 +27,17 @@ def sample(logits: torch.Tensor, seqs: list, eos_token_ids=(),
     of packed bits per sequence, and the rows to apply it to (no token may be
     drawn from a zero bit); the logits are masked in place."""
     params: list[SamplingParams] = [s.params for s in seqs]
+    if grammar_bitmask is None and all(p.greedy and not p.needs_processing and
+                                       p.logprobs is None for p in params):
+        return ops.argmax_rows(logits)  # in place, whatever the model's dtype: exact
     logits = logits.float()
     if grammar_bitmask is not None:  # first, as upstream: logprobs see the mask too
         logits = apply_grammar_bitmask(logits, *grammar_bitmask)
     raw = logits
     if any(p.needs_processing for p in params):
         logits = process_logits(logits, seqs, eos_token_ids)
-    # one call for the whole batch; max's indices, not argmax: the same first
-    # index of the maximum, 3x faster on CPU (16 x 49152: 184 against 566 us)
-    greedy = torch.max(logits, dim=-1).indices.tolist()
+    # one call for the whole batch: each row's first index of its maximum
+    greedy = ops.argmax_rows(logits)
     out = []
     for row, s, p, best in zip(logits, seqs, params, greedy):
         if p.greedy:

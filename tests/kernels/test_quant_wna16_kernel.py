@@ -37,7 +37,9 @@ def _dense(q, scales, zeros, group):
 @pytest.mark.parametrize("m,n,k,group", [(1, 16, 128, 32), (1, 50, 256, 64), (3, 33, 130, 32),
                                          (4, 64, 256, 128), (16, 40, 96, 32), (17, 24, 64, 64),
                                          (5, 48, 200, 200), (40, 20, 72, 8),
-                                         (16, 48, 300, 128), (33, 17, 64, 32)])
+                                         (16, 48, 300, 128), (33, 17, 64, 32),
+                                         # one row, K ending inside a group; a group of one step
+                                         (1, 24, 200, 128), (1, 20, 72, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_wna16_linear_matches_reference(bits, m, n, k, group, dtype, tiles):
     group = -(-group // (32 // bits)) * (32 // bits)

@@ -167,6 +167,7 @@ class AsyncMPClient:
         self.output.bind(core.addresses.outputs[client_index])
         self.encoder = msgspec.msgpack.Encoder()
         self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self._stop_reading: Callable[[], None] = lambda: None
 
     def wait_ready(self, interrupted=lambda: False) -> EngineCoreReady:
         """Block until the core says it is ready (EngineCoreStartError when it
@@ -217,8 +218,16 @@ class AsyncMPClient:
             except Exception as exc:  # noqa: BLE001 - the caller decides what it means
                 done.set_exception(exc)
 
+        def stop() -> None:
+            done.cancel()  # a drain already queued then does nothing
+            if not loop.is_closed():
+                loop.remove_reader(fd)
+
         loop.add_reader(fd, drain)
-        done.add_done_callback(lambda _: loop.remove_reader(fd))
+        # a cancelled future runs its callbacks a loop turn later: shutdown()
+        # takes the reader off first, before the socket (and its FD) closes
+        done.add_done_callback(lambda _: stop())
+        self._stop_reading = stop
         loop.call_soon(drain)  # what came before the reader was registered
         return done
 
@@ -226,6 +235,7 @@ class AsyncMPClient:
         """Stop the core (when this client owns it) and close the sockets; again: nothing."""
         if self.ctx.closed:
             return
+        self._stop_reading()
         if not self.core.owns:  # the other API servers still use it
             self.ctx.destroy(linger=0)
             return

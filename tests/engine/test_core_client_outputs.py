@@ -76,3 +76,17 @@ def test_a_message_that_cannot_be_decoded_fails_the_reader(link):
 
     with pytest.raises(msgspec.DecodeError):
         asyncio.run(main())
+
+
+def test_shutdown_takes_the_reader_off_before_the_socket_closes(link):
+    """The loop must not keep watching a closed FD (a number the next socket reuses)."""
+    client, _ = link
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fd = int(zmq.Socket.shadow(client.output.underlying).getsockopt(zmq.FD))
+        client.on_outputs(lambda outs: None)
+        client.shutdown()
+        return loop.remove_reader(fd)  # True had it still been registered
+
+    assert asyncio.run(main()) is False

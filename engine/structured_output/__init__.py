@@ -96,8 +96,9 @@ class StructuredOutputManager:
         def compile_():
             backend = self._get_backend()
             matcher = backend.matcher(backend.compile(p))
-            # xgrammar's compile can hold the GIL throughout: the step that
-            # should see the deadline pass then runs only once it has ended
+            # when it ended, not when a step looked: a step can run seconds late
+            # (the first decode graph's capture imports torch._dynamo while this
+            # thread imports transformers), and the grammar is done by then
             return matcher, time.monotonic()
 
         seq.grammar_pending = _Pending(self._compiles.submit(compile_),

@@ -6,6 +6,8 @@ is), so code written against upstream runs unchanged.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine import reference
@@ -279,16 +281,11 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return out.tolist()
 
 
+@functools.cache
 def _argmax_kernel():
-    global _argmax
-    if _argmax is None:
-        _argmax = False
-        if BUILD_INFO.device == "cpu" and BUILD_INFO.has_kernels:
-            try:
-                _argmax = torch.ops._C.argmax_rows.default
-            except (AttributeError, RuntimeError):
-                pass  # a build from before the op (precompiled mode's older wheels): torch's
-    return _argmax or None
-
-
-_argmax = None
+    if BUILD_INFO.device == "cpu" and BUILD_INFO.has_kernels:
+        try:
+            return torch.ops._C.argmax_rows.default
+        except (AttributeError, RuntimeError):
+            pass  # a build from before the op (precompiled mode's older wheels): torch's
+    return None

@@ -111,24 +111,26 @@ class StructuredOutputManager:
         """True once compiled (seq.grammar set), False while compiling, or the
         error line that fails the request."""
         pending: _Pending = seq.grammar_pending
-        too_slow = (f"structured_outputs: the grammar took more than {self.timeout_s:g} s to "
-                    "compile; simplify the schema")
         if not pending.future.done():
             if time.monotonic() < pending.deadline:
                 return False
             pending.future.cancel()
-            return too_slow
+            return self._too_slow()
         try:
-            seq.grammar, finished = pending.future.result()
-            if finished > pending.deadline:  # the same answer however the threads took turns
-                seq.grammar = None
-                return too_slow
+            grammar, finished = pending.future.result()
         except Exception as exc:  # noqa: BLE001 - the client's schema, one line
             from engine.structured_output.backend_xgrammar import error_line
 
             return f"structured_outputs: the grammar does not compile: {error_line(exc)}"
+        if finished > pending.deadline:  # the same answer however the threads took turns
+            return self._too_slow()
+        seq.grammar = grammar
         seq.grammar_pending = None
         return True
+
+    def _too_slow(self) -> str:
+        return (f"structured_outputs: the grammar took more than {self.timeout_s:g} s to "
+                "compile; simplify the schema")
 
     # ---- steps -----------------------------------------------------------------
 

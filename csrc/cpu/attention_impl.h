@@ -28,21 +28,32 @@ inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64
 // keys (and values) are scattered over blocks, and one row is only a few lines.
 constexpr int64_t kAttnAhead = 4;
 template <typename T>
-inline void prefetch_row(const T* cache, const int32_t* table, int64_t t, int64_t len,
-                         int64_t block_size, int64_t block_stride, int64_t head_off,
-                         int64_t head_size) {
-  if (t >= len) return;
-  const char* row = reinterpret_cast<const char*>(
-      cache_row(cache, table, t, block_size, block_stride, head_off, head_size));
-  for (int64_t b = 0; b < head_size * static_cast<int64_t>(sizeof(T)); b += 64) vprefetch(row + b);
+inline void prefetch_lines(const T* row, int64_t head_size) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < head_size * static_cast<int64_t>(sizeof(T)); b += 64) vprefetch(p + b);
 }
-// Token t's row, and the row kAttnAhead tokens on fetched toward L1.
-template <typename T>
-inline const T* row_fetching_ahead(const T* cache, const int32_t* table, int64_t t, int64_t len,
-                                   int64_t block_size, int64_t block_stride, int64_t head_off,
-                                   int64_t head_size) {
-  prefetch_row(cache, table, t + kAttnAhead, len, block_size, block_stride, head_off, head_size);
-  return cache_row(cache, table, t, block_size, block_stride, head_off, head_size);
+// fn(t, row t) for t < len, one kv head's rows in place, walking the blocks:
+// a row's address is a step from the last (a division and a table read per
+// row, twice with the fetch ahead, cost as much as a row's products at
+// SmolLM's head size 64). The row kAttnAhead on is fetched, in the next block
+// when it is there.
+template <typename T, typename F>
+inline void for_each_row(const T* cache, const int32_t* table, int64_t len, int64_t block_size,
+                         int64_t block_stride, int64_t head_off, int64_t head_size, F&& fn) {
+  const T* base = cache + table[0] * block_stride + head_off;
+  for (int64_t b0 = 0, blk = 0; b0 < len; b0 += block_size, ++blk) {
+    const int64_t n = len - b0 < block_size ? len - b0 : block_size;
+    const T* next = b0 + block_size < len ? cache + table[blk + 1] * block_stride + head_off : nullptr;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t a = i + kAttnAhead;
+      if (a < n)
+        prefetch_lines(base + a * head_size, head_size);
+      else if (next != nullptr && a - block_size < len - b0 - block_size)
+        prefetch_lines(next + (a - block_size) * head_size, head_size);
+      fn(b0 + i, base + i * head_size);
+    }
+    base = next;
+  }
 }
 #endif
 
@@ -66,15 +77,15 @@ void weighted_values(float* acc, const float* p, int64_t ps, const T* cache, con
   VecF a[G][HV];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < HV; ++c) a[g][c] = vset1(0.f);
-  for (int64_t t = 0; t < len; ++t) {
-    const T* v = row_fetching_ahead(cache, table, t, len, block_size, block_stride, head_off, HV * W);
+  for_each_row(cache, table, len, block_size, block_stride, head_off, HV * W,
+               [&](int64_t t, const T* v) {
     VecF r[HV];
     for (int c = 0; c < HV; ++c) r[c] = vload(v + c * W);
     for (int g = 0; g < G; ++g) {
       const VecF pg = vset1(p[g * ps + t]);
       for (int c = 0; c < HV; ++c) a[g][c] = vfma(pg, r[c], a[g][c]);
     }
-  }
+  });
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < HV; ++c) vstore(acc + (g * HV + c) * W, a[g][c]);
 }
@@ -98,6 +109,57 @@ bool weighted_values_in_registers(int64_t group, int64_t head_size, float* acc, 
   ENGINE_WV(1, 8) ENGINE_WV(2, 8)
   ENGINE_WV(1, 16)
 #undef ENGINE_WV
+  return false;
+}
+
+// logits[g * ls + t] = q_g . k_t for G query heads of HV vectors each, with q
+// and each key row in registers: the row is widened once for the group (the
+// generic pass widened it once a head) and W tokens' products are summed to
+// one vector each (vsum_rows). parts: G * W * W floats.
+template <int G, int HV, typename T>
+void key_logits(float* logits, int64_t ls, const float* q, float* parts, const T* cache,
+                const int32_t* table, int64_t len, int64_t block_size, int64_t block_stride,
+                int64_t head_off) {
+  VecF qr[G][HV];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < HV; ++c) qr[g][c] = vload(q + (g * HV + c) * W);
+  for_each_row(cache, table, len, block_size, block_stride, head_off, HV * W,
+               [&](int64_t t, const T* k) {
+    VecF kr[HV];
+    for (int c = 0; c < HV; ++c) kr[c] = vload(k + c * W);
+    const int64_t j = t % W;
+    for (int g = 0; g < G; ++g) {
+      VecF a0 = vmul(kr[0], qr[g][0]), a1 = vmul(kr[1], qr[g][1]);
+      for (int c = 2; c < HV; c += 2) {
+        a0 = vfma(kr[c], qr[g][c], a0);
+        a1 = vfma(kr[c + 1], qr[g][c + 1], a1);
+      }
+      vstore(parts + (g * W + j) * W, vadd(a0, a1));
+    }
+    if (j == W - 1 || t == len - 1)  // rows past the last token: a former chunk's, unread
+      for (int g = 0; g < G; ++g) vstore(logits + g * ls + t - j, vsum_rows(parts + g * W * W));
+  });
+}
+
+// key_logits for this group and head size where q, a row and two sums fit
+// the registers (x86 AVX-512 and NEON: 32, AVX2: 16); false elsewhere.
+template <typename T>
+bool key_logits_in_registers(int64_t group, int64_t head_size, float* logits, int64_t ls,
+                             const float* q, float* parts, const T* cache, const int32_t* table,
+                             int64_t len, int64_t block_size, int64_t block_stride,
+                             int64_t head_off) {
+  constexpr int64_t kRegs = W == 8 ? 16 : 32;
+  const int64_t hv = head_size / W;
+  if (head_size % (2 * W) || (group + 1) * hv + 2 > kRegs) return false;
+#define ENGINE_KL(g, h)                                                                          \
+  if (group == g && hv == h) {                                                                   \
+    key_logits<g, h>(logits, ls, q, parts, cache, table, len, block_size, block_stride, head_off); \
+    return true;                                                                                 \
+  }
+  ENGINE_KL(1, 2) ENGINE_KL(2, 2) ENGINE_KL(3, 2) ENGINE_KL(4, 2)
+  ENGINE_KL(1, 4) ENGINE_KL(2, 4) ENGINE_KL(3, 4) ENGINE_KL(4, 4) ENGINE_KL(6, 4)
+  ENGINE_KL(1, 8) ENGINE_KL(2, 8)
+#undef ENGINE_KL
   return false;
 }
 #endif
@@ -157,7 +219,11 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
         continue;
       }
       const T* q_s = query + (s * heads + kh * group) * head_size;
-      for (int64_t i = 0; i < group * head_size; ++i) q[i] = Elem<T>::load(q_s[i]) * scale;
+      int64_t qi = 0;
+#ifdef ENGINE_VEC_WIDTH
+      for (; qi + W <= group * head_size; qi += W) vstore(q + qi, vmul(vload(q_s + qi), vset1(scale)));
+#endif
+      for (; qi < group * head_size; ++qi) q[qi] = Elem<T>::load(q_s[qi]) * scale;
 #ifdef ENGINE_VEC_WIDTH
       const int64_t ls = (len + W - 1) / W * W;  // a query head's row of logits
 #else
@@ -168,11 +234,12 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
 #ifdef ENGINE_VEC_WIDTH
       // fn(t, row t of cache): this kv head's rows in place, the next fetched ahead
       auto each_row = [&](const T* cache, auto fn) {
-        for (int64_t t = 0; t < len; ++t)
-          fn(t, row_fetching_ahead(cache, table, t, len, block_size, block_stride,
-                                   kh * head_stride, head_size));
+        for_each_row(cache, table, len, block_size, block_stride, kh * head_stride, head_size, fn);
       };
-      if (vec_heads) {  // W tokens at a time: their W vectors a query head summed together
+      if (vec_heads && key_logits_in_registers(group, head_size, logits, ls, q, parts, key_cache,
+                                               table, len, block_size, block_stride,
+                                               kh * head_stride)) {
+      } else if (vec_heads) {  // W tokens at a time: their W vectors a query head summed together
         each_row(key_cache, [&](int64_t t, const T* k) {
           const int64_t j = t % W;
           for (int64_t g = 0; g < group; ++g) {
@@ -251,7 +318,11 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
           }
         }
       }
-      for (int64_t i = 0; i < group * head_size; ++i) out_s[i] = Elem<T>::store(acc[i]);
+      int64_t oi = 0;
+#ifdef ENGINE_VEC_WIDTH
+      for (; oi + W <= group * head_size; oi += W) vstore(out_s + oi, vload(acc + oi));
+#endif
+      for (; oi < group * head_size; ++oi) out_s[oi] = Elem<T>::store(acc[oi]);
     }
     free(logits);
     free(q);

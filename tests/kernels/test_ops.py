@@ -235,10 +235,13 @@ def make_paged(seq_lens, heads, kv_heads, head_size, block_size, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("gqa", [1, 3, 4, 8])
+# gqa and head sizes: every group x vectors-a-head the key pass keeps in
+# registers (1-4 and 6 heads of 2 or 4 AVX-512 vectors, 1-2 of 8), and the
+# portable pass beyond them
+@pytest.mark.parametrize("gqa", [1, 2, 3, 4, 6, 8])
 @pytest.mark.parametrize("seq_lens,head_size,block_size",
                          [([1], 64, 16), ([5, 17, 100, 1, 33], 80, 16), ([300, 129, 2, 64], 128, 32),
-                          ([7] * 20, 36, 32)])
+                          ([7] * 20, 36, 32), ([40, 16, 3, 57], 32, 16)])
 def test_paged_attention(dtype, gqa, seq_lens, head_size, block_size):
     kv_heads = 2
     q, kc, vc, tables, lens = make_paged(seq_lens, kv_heads * gqa, kv_heads, head_size,

@@ -111,9 +111,10 @@ inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uin
     for (int64_t s = 0; s < gsteps; ++s) {
       // 4 KiB ahead, as the other decode kernels: without it a quarter of the
       // kernel's time (16 rows, SmolLM's shape) waited on this load. 8-bit
-      // weights into L2 only: twice the bytes a step, fetched into L1 they
-      // pushed out what the next rows' pass reads again (16 rows, SmolLM's
-      // shape, cold weights: 8.6 -> 7.6 ms a step's GEMMs; 4-bit was 3% slower so)
+      // weights into L2 only (16 rows, SmolLM's shape, cold weights: 8.6 ->
+      // 7.6 ms a step's GEMMs; 4- and 5-bit were 2-3% slower so). Measured, not
+      // explained: likely twice a 4-bit step's bytes fetched into L1 push out
+      // the panel and x rows the second row tile reads again.
       _mm_prefetch(reinterpret_cast<const char*>(wg + (s + kAhead) * NR),
                    B == 8 ? _MM_HINT_T1 : _MM_HINT_T0);
       if (H > 0 && s % SPC == 0)

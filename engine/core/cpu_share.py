@@ -19,6 +19,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -109,14 +110,30 @@ def heavy(known_long: bool = False):
 # submit, and the event loop waits for it to run: 36 ms beside an engine core
 # that keeps both CPUs busy, a freeze at the start of every heavy request.
 WORKERS = 2
+IDLE_WAIT_S = 1.0
 
 
 async def start_workers(n: int = WORKERS) -> None:
     """n of the event loop's worker threads started now, all at once (a
-    barrier keeps each busy until the last has started)."""
-    barrier = threading.Barrier(n)
+    barrier keeps each busy until the last has started), and idle on return."""
     loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(thread_name_prefix="asyncio")  # asyncio's own default
+    loop.set_default_executor(executor)
+    barrier = threading.Barrier(n)
     await asyncio.gather(*(loop.run_in_executor(None, barrier.wait, 5.0) for _ in range(n)))
+    # A worker counts itself idle only after its job's result is out, and a
+    # submit that finds none idle starts another thread: the first jobs after
+    # this sometimes did (a full test run on two busy cores). CPython keeps
+    # that count in the executor's _idle_semaphore; wait for all n in it.
+    idle = getattr(executor, "_idle_semaphore", None)
+    deadline = time.monotonic() + IDLE_WAIT_S
+    while idle is not None and time.monotonic() < deadline:
+        marks = sum(idle.acquire(timeout=0) for _ in range(n))
+        for _ in range(marks):
+            idle.release()
+        if marks == n:
+            return
+        await asyncio.sleep(0.001)
 
 
 async def in_thread(fn: Callable[..., T], *args) -> T:

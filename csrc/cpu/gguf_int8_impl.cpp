@@ -34,7 +34,9 @@ constexpr int64_t NR = kPanel;  // columns a panel
 constexpr int64_t kAhead = 4096 / (NR * 4);  // steps the weight is fetched ahead
 
 // x staged: per row `words` int32 of 4 int8 each (gguf_int8.h's order), and
-// per group its scale d and d * sum(q).
+// per group its scale d and dsum = d * sum(q) * f: f = -zero where the layer has
+// one zero point and no term (the group's float work is then one FMA for
+// d * (x . q) - zero * d * sum(q) and one for the scale), else 1.
 struct Staged {
   const int32_t* q;
   const float* d;
@@ -44,7 +46,7 @@ struct Staged {
 
 // A whole group x[:G] (G a multiple of L) quantized into q, its d and dsum.
 template <bool NIB, typename T>
-inline void stage_group_vec(const T* x, int64_t G, int8_t* q, float* d, float* dsum) {
+inline void stage_group_vec(const T* x, int64_t G, float f, int8_t* q, float* d, float* dsum) {
   VecF mx = vset1(0.f);
   for (int64_t k = 0; k < G; k += L) mx = vabsmax(mx, vload(x + k));
   const float amax = vhmax(mx), id = amax > 0.f ? 127.f / amax : 0.f;
@@ -55,18 +57,18 @@ inline void stage_group_vec(const T* x, int64_t G, int8_t* q, float* d, float* d
     store_i8<NIB>(q + k, v);
   }
   *d = amax / 127.f;
-  *dsum = *d * static_cast<float>(ihsum(sum));
+  *dsum = *d * static_cast<float>(ihsum(sum)) * f;
 }
 
-// Row x[:K] quantized per group of G into q (words, zero past K), d, dsum.
-// NIB: within each 8 k the even ones first (the masked nibbles' order).
+// Row x[:K] quantized per group of G into q (words, zero past K), d, dsum (f:
+// Staged's). NIB: within each 8 k the even ones first (the masked nibbles' order).
 template <bool NIB, typename T>
-void stage_row(const T* x, int64_t K, int64_t G, int64_t groups, int8_t* q, float* d,
+void stage_row(const T* x, int64_t K, int64_t G, int64_t groups, float f, int8_t* q, float* d,
                float* dsum) {
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
     if (G % L == 0 && k1 - k0 == G) {
-      stage_group_vec<NIB>(x + k0, G, q + k0, d + g, dsum + g);
+      stage_group_vec<NIB>(x + k0, G, f, q + k0, d + g, dsum + g);
       continue;
     }
     float amax = 0.f;
@@ -80,17 +82,16 @@ void stage_row(const T* x, int64_t K, int64_t G, int64_t groups, int8_t* q, floa
       q[at] = static_cast<int8_t>(v);
     }
     d[g] = dg;
-    dsum[g] = dg * static_cast<float>(sum);
+    dsum[g] = dg * static_cast<float>(sum) * f;
   }
 }
 
 // R rows x the L columns at w (a panel's, or half of it; hw: its high bits):
 // sums over the groups into acc. BITS: a value's (4, 5, 6, 8); NT: terms a
 // group (gguf_int8.h); GS: the group size when fixed at compile time, else 0.
-// zq: the layer's zero point with one term (less 128 where 8-bit q run signed).
 template <int BITS, int NT, int R, int GS>
 inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uint16_t* terms,
-                     const Staged& a, int64_t G, float zq) {
+                     const Staged& a, int64_t G) {
   constexpr int B = BITS == 8 ? 8 : 4, PF = 32 / B;
   constexpr int H = BITS == 8 ? 0 : BITS - 4, SPC = H ? 4 / H : 1;  // high bits; steps a chunk
   const int64_t gsteps = (GS ? GS : G) / PF, gwords = (GS ? GS : G) / 4;
@@ -128,25 +129,25 @@ inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uin
           hi = ior_and(hi, isll<4 - H>(h), hmask);
         }
         for (int r = 0; r < R; ++r) {
-          i0[r] = dot_u(i0[r], lo, ibcast(xg + r * a.words + 2 * s));
+          i0[r] = dot_b(i0[r], lo, xg + r * a.words + 2 * s);
           VecI& odd = TWO ? i1[TWO ? r : 0] : i0[r];
-          odd = dot_u(odd, hi, ibcast(xg + r * a.words + 2 * s + 1));
+          odd = dot_b(odd, hi, xg + r * a.words + 2 * s + 1);
         }
       } else if (TWO && (s & 1)) {
         for (int r = 0; r < R; ++r) {
           VecI& odd = i1[TWO ? r : 0];
-          odd = dot8(odd, v, ibcast(xg + r * a.words + s));
+          odd = dot8_b(odd, v, xg + r * a.words + s);
         }
       } else {
-        for (int r = 0; r < R; ++r) i0[r] = dot8(i0[r], v, ibcast(xg + r * a.words + s));
+        for (int r = 0; r < R; ++r) i0[r] = dot8_b(i0[r], v, xg + r * a.words + s);
       }
     }
     const VecF sc = hload(terms + g * NT * NR);
-    if constexpr (NT == 1) {  // scale * d * (x . q - zero * sum(x)): no term to read
+    if constexpr (NT == 1) {  // scale * (d * (x . q) - zero * d * sum(x)): no term to read
       for (int r = 0; r < R; ++r) {
         const int64_t at = r * a.groups + g;
         const VecI dot = TWO ? iadd(i0[r], i1[TWO ? r : 0]) : i0[r];
-        const VecF f = vfma(icvt(dot), vset1(a.d[at]), vset1(-zq * a.dsum[at]));
+        const VecF f = vfma(icvt(dot), vset1(a.d[at]), vset1(a.dsum[at]));
         acc[r] = vfma(f, sc, acc[r]);
       }
     } else {
@@ -179,7 +180,6 @@ void run(T* out, const GgufInt8Weight& wt, const Staged& a, int64_t M, int64_t l
   const int64_t N = wt.N, G = wt.group_size;
   const int64_t steps = a.groups * G / PF, chunks = H ? a.groups * G * H / 32 : 0;
   const int64_t panels = (N + NR - 1) / NR;
-  const float zq = static_cast<float>(wt.zero - (BITS == 8 && kSigned8 ? 128 : 0));
   const bool threads = M * N * wt.K >= (int64_t{1} << 17);
 #pragma omp parallel for schedule(static) if (threads)
   for (int64_t p = 0; p < panels; ++p) {
@@ -196,7 +196,7 @@ void run(T* out, const GgufInt8Weight& wt, const Staged& a, int64_t M, int64_t l
         VecF acc[R_MAX];
         switch (mr) {
 #define ENGINE_ROWS(r) \
-  case r: rows_dot<BITS, NT, r, GS>(acc, w, hw, tp, rows, G, zq); break;
+  case r: rows_dot<BITS, NT, r, GS>(acc, w, hw, tp, rows, G); break;
           ENGINE_ROWS(1) ENGINE_ROWS(2) ENGINE_ROWS(3) ENGINE_ROWS(4)
 #if defined(__AVX512F__) && defined(__AVX512BW__)  // R_MAX 8
           ENGINE_ROWS(5) ENGINE_ROWS(6) ENGINE_ROWS(7) ENGINE_ROWS(8)
@@ -239,12 +239,15 @@ int64_t linear_t(const GgufInt8Weight& wt, T* out, const T* x, int64_t M, int64_
   float* d = mem.get<float>(M * groups);
   float* dsum = mem.get<float>(M * groups);
   if (mem.failed()) return mem.failed();
+  // the zero point, less 128 where 8-bit q run signed, folded into dsum
+  const float f = wt.n_terms == 1 ? -static_cast<float>(wt.zero - (wt.bits == 8 && kSigned8 ? 128 : 0))
+                                  : 1.f;
   for (int64_t m = 0; m < M; ++m) {
     int8_t* qm = reinterpret_cast<int8_t*>(q + m * words);
     if (wt.bits == 8)
-      stage_row<false>(x + m * ldx, K, G, groups, qm, d + m * groups, dsum + m * groups);
+      stage_row<false>(x + m * ldx, K, G, groups, f, qm, d + m * groups, dsum + m * groups);
     else
-      stage_row<true>(x + m * ldx, K, G, groups, qm, d + m * groups, dsum + m * groups);
+      stage_row<true>(x + m * ldx, K, G, groups, f, qm, d + m * groups, dsum + m * groups);
   }
   const Staged a = {q, d, dsum, words, groups};
   switch (wt.bits) {

@@ -239,8 +239,8 @@ int64_t linear_t(const GgufInt8Weight& wt, T* out, const T* x, int64_t M, int64_
   float* dsum = mem.get<float>(M * groups);
   if (mem.failed()) return mem.failed();
   // the zero point, less 128 where 8-bit q run signed, folded into dsum
-  const float f = wt.n_terms == 1 ? -static_cast<float>(wt.zero - (wt.bits == 8 && kSigned8 ? 128 : 0))
-                                  : 1.f;
+  const int zero = wt.zero - (wt.bits == 8 && kSigned8 ? 128 : 0);
+  const float f = wt.n_terms == 1 ? -static_cast<float>(zero) : 1.f;
   const Staged a = {q, d, dsum, words, groups};
   // x's rows staged by the threads that then share the panels, in one region:
   // staged on one thread while the other waited (perf: 9% of the main thread's

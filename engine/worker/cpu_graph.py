@@ -39,8 +39,8 @@ class _Recorder(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         # torch wraps a mode's __torch_dispatch__ in _disable_dynamo unless the
         # mode says no, and the wrapper's first call imports torch._dynamo (and
-        # sympy): 3.6 s of a 2-core Zen 4's start-up, in the first capture.
-        # Nothing here is ever compiled, so there is nothing to disable
+        # sympy): 3.6 s alone on a 2-core Zen 4, inside the first capture, which
+        # can fall mid-request. Nothing here is ever compiled: nothing to disable
         return False
 
     def __init__(self) -> None:

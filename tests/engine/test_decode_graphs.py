@@ -105,6 +105,18 @@ def test_a_step_that_reads_a_value_back_is_not_captured():
     assert torch.equal(result, step())
 
 
+def test_a_capture_does_not_import_torch_dynamo():
+    """torch wraps a dispatch mode's __torch_dispatch__ in _disable_dynamo
+    unless the mode opts out; the wrapper's first call imports torch._dynamo
+    and sympy, seconds inside the first capture (which can fall mid-request)."""
+    raw = cpu_graph._Recorder.__dict__["__torch_dispatch__"]
+    assert not hasattr(raw, "__wrapped__")
+    x = torch.randn(5)
+    result, why = cpu_graph.capture(lambda: x * 2)
+    assert not isinstance(why, str), why
+    assert torch.equal(result, x * 2)
+
+
 def test_a_sliding_window_model_stays_eager_and_right(models):
     """Gemma 2's soft cap and windows read the lengths back each step."""
     runner = _runner(models["gemma2"])

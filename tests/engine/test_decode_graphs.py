@@ -4,6 +4,9 @@ bit for bit as the inputs change step to step, a step that reads a value back
 is left eager, and greedy ids through the engine equal --enforce-eager's."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from helpers import make_checkpoint
@@ -108,13 +111,19 @@ def test_a_step_that_reads_a_value_back_is_not_captured():
 def test_a_capture_does_not_import_torch_dynamo():
     """torch wraps a dispatch mode's __torch_dispatch__ in _disable_dynamo
     unless the mode opts out; the wrapper's first call imports torch._dynamo
-    and sympy, seconds inside the first capture (which can fall mid-request)."""
-    raw = cpu_graph._Recorder.__dict__["__torch_dispatch__"]
-    assert not hasattr(raw, "__wrapped__")
-    x = torch.randn(5)
-    result, why = cpu_graph.capture(lambda: x * 2)
-    assert not isinstance(why, str), why
-    assert torch.equal(result, x * 2)
+    and sympy, seconds inside the first capture (which can fall mid-request).
+    In a fresh process: this one's other tests may have imported them."""
+    code = ("import sys, torch\n"
+            "from engine.worker import cpu_graph\n"
+            "x = torch.randn(5)\n"
+            "result, why = cpu_graph.capture(lambda: x * 2)\n"
+            "assert not isinstance(why, str), why\n"
+            "assert torch.equal(result, x * 2) and torch.equal(why.replay(), x * 2)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'sympy'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_sliding_window_model_stays_eager_and_right(models):

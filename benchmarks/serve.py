@@ -173,7 +173,10 @@ async def _one(url: str, model: str, prompt: list[int], new: int):
 
 
 def run(coro):
-    """uvloop's run where installed (see _one), else asyncio's."""
+    """uvloop's run where installed (see _one), else asyncio's: the server's
+    own choice (engine/entrypoints/openai/serve.py, _runner), written again
+    because importing engine here would run its start-up choices (the OpenMP
+    wait policy, written into the environment every side of the run inherits)."""
     try:
         import uvloop
     except ImportError:

@@ -33,7 +33,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   endif()
   # weight-only quantized linear layers (W4A16, W8A16), x86 only
   list(APPEND _kernel_src csrc/cpu/wna16_impl.cpp)
-  # GGUF's few-row layers on int8 dot products, x86 only
+  # GGUF's layers on int8 dot products (AArch64: cmake/cpu_arm.cmake adds it)
   list(APPEND _kernel_src csrc/cpu/gguf_int8_impl.cpp)
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
   include(cmake/cpu_arm.cmake)

@@ -183,7 +183,8 @@ def gguf_int8_linear(out: torch.Tensor, input: torch.Tensor, packed_weight: torc
 
 
 def has_gguf_int8_linear() -> bool:
-    """Whether the CPU code path in use has the GGUF int8 kernel (x86 AVX2/AVX-512).
+    """Whether the CPU code path in use has the GGUF int8 kernel (x86 AVX2/AVX-512,
+    AArch64 NEON).
     Kept until select_cpu_isa: a decode step asks 120 times (0.7 us each)."""
     global _has_gguf_int8
     if _has_gguf_int8 is None:

@@ -1,5 +1,6 @@
 // GGUF's quantized linear layers for few rows with int8 activations (layout
-// and math: gguf_int8.h), compiled once per x86 ISA as kernels_impl.cpp is.
+// and math: gguf_int8.h), compiled once per x86 ISA as kernels_impl.cpp is, and
+// once per AArch64 ISA as arm/kernels_neon.cpp is.
 //
 // Why: at one row the float kernel (wna16_impl.cpp) spends a mask, a subtract
 // and a float FMA on each weight, and the float work, not the bytes, bounds
@@ -18,6 +19,9 @@
 // Without VNNI vpmaddubsw sums pairs into int16: a q below 64 x 127 cannot
 // overflow, an 8-bit q could, so 8-bit weights run as (q - 128) with x taking
 // that sign (|q - 128| <= 128) and the group's zero or term allows for it.
+#if defined(__aarch64__) && !defined(ENGINE_NEON_KERNELS)
+#define ENGINE_NEON_KERNELS 1  // cpu_types.h: NEON's vector types
+#endif
 #include "gguf_int8.h"
 #include "cpu_types.h"
 #include "gguf_int8_isa.h"
@@ -44,30 +48,47 @@ struct Staged {
   int64_t words, groups;
 };
 
-// A whole group x[:G] (G a multiple of L) quantized into q, its d and dsum.
+// k a staging step: NIB orders within 8 k, two of NEON's 4-lane vectors
+constexpr int64_t SL = L < 8 ? 2 * L : L;
+
+// A whole group x[:G] (G a multiple of SL) quantized into q, its d and dsum.
 template <bool NIB, typename T>
 inline void stage_group_vec(const T* x, int64_t G, float f, int8_t* q, float* d, float* dsum) {
   VecF mx = vset1(0.f);
   for (int64_t k = 0; k < G; k += L) mx = vabsmax(mx, vload(x + k));
   const float amax = vhmax(mx), id = amax > 0.f ? 127.f / amax : 0.f;
   VecI sum = izero();
-  for (int64_t k = 0; k < G; k += L) {
+  for (int64_t k = 0; k < G; k += SL) {
     const VecI v = iround(vmul(vload(x + k), vset1(id)));
-    sum = iadd(sum, v);
-    store_i8<NIB>(q + k, v);
+    if constexpr (SL == L) {
+      sum = iadd(sum, v);
+      store_i8<NIB>(q + k, v);
+    } else {
+      const VecI v1 = iround(vmul(vload(x + k + L), vset1(id)));
+      sum = iadd(sum, iadd(v, v1));
+      store_i8x2<NIB>(q + k, v, v1);
+    }
   }
   *d = amax / 127.f;
   *dsum = *d * static_cast<float>(ihsum(sum)) * f;
 }
 
+// GCC 12's AArch64 vectorizer stops with an internal error (vect_transform_reduction)
+// on the scalar group's reductions below; they run once a partial group only.
+#if defined(__aarch64__) && defined(__GNUC__) && !defined(__clang__)
+#define ENGINE_SCALAR_LOOPS __attribute__((optimize("no-tree-vectorize")))
+#else
+#define ENGINE_SCALAR_LOOPS
+#endif
+
 // Row x[:K] quantized per group of G into q (words, zero past K), d, dsum (f:
 // Staged's). NIB: within each 8 k the even ones first (the masked nibbles' order).
 template <bool NIB, typename T>
-void stage_row(const T* x, int64_t K, int64_t G, int64_t groups, float f, int8_t* q, float* d,
-               float* dsum) {
+ENGINE_SCALAR_LOOPS void stage_row(const T* x, int64_t K, int64_t G, int64_t groups, float f,
+                                   int8_t* q, float* d, float* dsum) {
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
-    if (G % L == 0 && k1 - k0 == G) {
+    if (G % SL == 0 && k1 - k0 == G) {
       stage_group_vec<NIB>(x + k0, G, f, q + k0, d + g, dsum + g);
       continue;
     }
@@ -116,10 +137,8 @@ inline void rows_dot(VecF* acc, const uint32_t* w, const uint32_t* hw, const uin
       // 7.6 ms a step's GEMMs; 4- and 5-bit were 2-3% slower so). Measured, not
       // explained: likely twice a 4-bit step's bytes fetched into L1 push out
       // the panel and x rows the second row tile reads again.
-      _mm_prefetch(reinterpret_cast<const char*>(wg + (s + kAhead) * NR),
-                   B == 8 ? _MM_HINT_T1 : _MM_HINT_T0);
-      if (H > 0 && s % SPC == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(hg + (s / SPC + kAhead / SPC) * NR), _MM_HINT_T0);
+      wprefetch<B == 8>(wg + (s + kAhead) * NR);
+      if (H > 0 && s % SPC == 0) wprefetch<false>(hg + (s / SPC + kAhead / SPC) * NR);
       const VecI v = iload(wg + s * NR);
       if constexpr (B == 4) {
         VecI lo = iand(v, mask), hi = iand(isrl<4>(v), mask);
@@ -197,7 +216,7 @@ void run(T* out, const GgufInt8Weight& wt, const Staged& a, int64_t M, int64_t l
 #define ENGINE_ROWS(r) \
   case r: rows_dot<BITS, NT, r, GS>(acc, w, hw, tp, rows, G); break;
           ENGINE_ROWS(1) ENGINE_ROWS(2) ENGINE_ROWS(3) ENGINE_ROWS(4)
-#if defined(__AVX512F__) && defined(__AVX512BW__)  // R_MAX 8
+#if (defined(__AVX512F__) && defined(__AVX512BW__)) || defined(__aarch64__)  // R_MAX 8
           ENGINE_ROWS(5) ENGINE_ROWS(6) ENGINE_ROWS(7) ENGINE_ROWS(8)
 #endif
 #undef ENGINE_ROWS

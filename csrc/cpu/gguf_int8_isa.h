@@ -1,7 +1,8 @@
 // The integer vector operations of the GGUF int8 kernel (gguf_int8_impl.cpp)
-// on each x86 ISA, written once over a few per-ISA names: L int32 lanes a
-// vector (16 with AVX-512, 8 with AVX2: a panel is then two vectors), R_MAX
-// rows a tile, the dot products and x's per-group staging helpers.
+// on each x86 ISA (NEON's: arm/gguf_int8_isa_neon.h), written once over a few
+// per-ISA names: L int32 lanes a vector (16 with AVX-512, 8 with AVX2: a panel
+// is then two vectors), R_MAX rows a tile, the dot products and x's per-group
+// staging helpers.
 // Internal linkage (kernels.h says why); kernel translation units only.
 #pragma once
 
@@ -10,9 +11,12 @@
 #include "cpu_types.h"
 
 #ifndef ENGINE_VEC_WIDTH
-#error "gguf_int8_isa.h is for the x86 kernel translation units"
+#error "gguf_int8_isa.h is for the vector kernel translation units (x86, NEON)"
 #endif
 
+#if defined(__aarch64__)
+#include "arm/gguf_int8_isa_neon.h"
+#else
 namespace engine::cpu {
 namespace {
 
@@ -92,6 +96,12 @@ inline void store_i8(int8_t* p, VecI v) {
 }
 #endif
 
+// the weight `ahead` fetched: 8-bit into L2 only (gguf_int8_impl.cpp says why)
+template <bool L2>
+inline void wprefetch(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p), L2 ? _MM_HINT_T1 : _MM_HINT_T0);
+}
+
 // The rest is the same on both: the per-ISA names through ENGINE_SI / ENGINE_EPI.
 inline VecI iload(const uint32_t* p) { return ENGINE_SI(loadu)(reinterpret_cast<const VecI*>(p)); }
 inline VecI ibcast(const int32_t* p) { return ENGINE_EPI(set1_epi32)(*p); }
@@ -131,3 +141,4 @@ static_assert(L == ENGINE_VEC_WIDTH, "a float vector and an int32 one have as ma
 
 }  // namespace
 }  // namespace engine::cpu
+#endif  // x86

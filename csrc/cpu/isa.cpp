@@ -40,12 +40,17 @@ bool cpu_has_avx512_bf16() {
 #endif
 
 #if defined(__aarch64__)
-// The kernel asks the CPU (ID_AA64ISAR1_EL1.BF16) and reports it in HWCAP2.
+// The kernel asks the CPU (ID_AA64ISAR1_EL1.BF16, ID_AA64ISAR0_EL1.DP) and
+// reports it in HWCAP2 / HWCAP. The neon_bf16 table is built +dotprod too
+// (GGUF's int8 products): every CPU with BF16 has it, and this checks.
 bool cpu_has_bf16() {
 #ifndef HWCAP2_BF16
 #define HWCAP2_BF16 (1 << 14)
 #endif
-  return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+  return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0 && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 }
 #endif
 
@@ -76,7 +81,7 @@ const Isa kIsas[] = {
 #ifdef ENGINE_HAS_NEON_BF16
     {"neon_bf16", kernels_neon_bf16, cpu_has_bf16,
      "the neon_bf16 kernels were requested but this processor lacks the BF16 "
-     "extension; unset VLLM_CPU_ISA or set it to neon"},
+     "or the dot product extension; unset VLLM_CPU_ISA or set it to neon"},
 #endif
 #ifdef ENGINE_HAS_NEON
     {"neon", kernels_neon, nullptr, ""},

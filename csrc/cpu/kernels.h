@@ -175,8 +175,8 @@ struct KernelTable {
                                int64_t group_size);
   // GGUF's quantized linear layers for few rows (decode), x quantized to int8
   // per group and multiplied with integer dot products as llama.cpp does
-  // (gguf_int8.h): out[m, :N] = x[m, :K] @ W^T. x86 only, null elsewhere (the
-  // caller then runs wna16_linear).
+  // (gguf_int8.h): out[m, :N] = x[m, :K] @ W^T. x86 and NEON, null on the
+  // generic table (the caller then runs wna16_linear).
   int64_t (*gguf_int8_linear)(DType dt, const GgufInt8Weight& w, void* out, const void* x,
                               int64_t M, int64_t ldx, int64_t ldo);
   // The LoRA term of a linear layer for few tokens, as punica's bgmv (lora.h;

@@ -23,7 +23,8 @@ ISA_FLAGS: dict[str, frozenset[str]] = {
     "avx512_bf16": _AVX512 | {"avx512_bf16"},
     "avx512": _AVX512,
     "avx2": frozenset({"avx2", "fma"}),
-    "neon_bf16": frozenset({"bf16"}),   # AArch64 BF16 extension (FEAT_BF16)
+    # AArch64 BF16 extension (FEAT_BF16) and dot products (FEAT_DotProd: GGUF's int8)
+    "neon_bf16": frozenset({"bf16", "asimddp"}),
     "neon": frozenset(),                # Advanced SIMD is part of every ARMv8-A CPU
     "generic": frozenset(),
 }

@@ -48,9 +48,14 @@ def test_probe_reads_flags_and_applies_the_cap(tmp_path):
 
 
 def test_probe_reads_arm_features_and_survives_no_cpuinfo(tmp_path):
-    root = fake_root(tmp_path, "processor\t: 0\nFeatures\t: fp asimd bf16 sve\n")
+    root = fake_root(tmp_path, "processor\t: 0\nFeatures\t: fp asimd asimddp bf16 sve\n")
     arm = cf.probe(root, env={}, arch="aarch64")
     assert "bf16" in arm.flags and arm.usable_isas() == ["neon_bf16", "neon", "generic"]
+    # neon_bf16 is built +dotprod (GGUF's int8): BF16 without it runs neon
+    (tmp_path / "nodp").mkdir()
+    no_dp = cf.probe(fake_root(tmp_path / "nodp", "Features\t: fp asimd bf16\n"), env={},
+                     arch="aarch64")
+    assert no_dp.usable_isas() == ["neon", "generic"]
     assert cf.probe(tmp_path / "nothing", env={}, arch="x86_64").flags == frozenset()
 
 
@@ -206,12 +211,14 @@ def test_engine_env_shows_the_linear_choice_and_cap():
 
 
 def test_arm_paths():
-    graviton3 = features("fp asimd evtstrm aes sha2 crc32 bf16 sve", arch="aarch64")
+    graviton3 = features("fp asimd evtstrm aes sha2 crc32 asimddp bf16 sve", arch="aarch64")
+    graviton2 = features("fp asimd evtstrm aes sha2 crc32 asimddp", arch="aarch64")
     altra = features("fp asimd evtstrm aes crc32", arch="aarch64")
     compiled = ["neon_bf16", "neon", "generic"]
     assert cf.choose_isa("auto", graviton3, compiled) == "neon_bf16"
     assert cf.choose_isa("auto", altra, compiled) == "neon"
-    with pytest.raises(cf.CpuIsaError, match="VLLM_CPU_ISA=neon_bf16 needs bf16"):
+    assert cf.choose_isa("auto", graviton2, compiled) == "neon"  # dot products, no BF16
+    with pytest.raises(cf.CpuIsaError, match="VLLM_CPU_ISA=neon_bf16 needs asimddp/bf16"):
         cf.choose_isa("neon_bf16", altra, compiled)
     with pytest.raises(cf.CpuIsaError, match="not compiled into this build"):
         cf.choose_isa("avx2", altra, compiled)

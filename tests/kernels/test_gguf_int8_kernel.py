@@ -83,10 +83,12 @@ def test_matches_reference(bits, zero, with_mins, m, n, k, group, dtype):
     torch.testing.assert_close(out.float(), ref, **tol)
     # the reference: the dense product within x's rounding, half a step (max|x| / 254
     # of its group) a value, and the terms' float16 rounding
-    step = xf.abs().view(m, k // group, group).amax(-1) / 254  # [m, groups]
-    wabs = w.abs().view(n, k // group, group).sum(-1)  # [n, groups]
-    bound = step @ wabs.T + (xf.abs() @ w.abs().T) * 2.0 ** -10 + 1e-5
-    assert ((ref - xf @ w.T).abs() <= bound).all()
+    # (in float64: torch's float32 GEMM may take reduced-precision paths on aarch64)
+    xd, wd = xf.double(), w.double()
+    step = xd.abs().view(m, k // group, group).amax(-1) / 254  # [m, groups]
+    wabs = wd.abs().view(n, k // group, group).sum(-1)  # [n, groups]
+    bound = step @ wabs.T + (xd.abs() @ wd.abs().T) * 2.0 ** -10 + 1e-5
+    assert ((ref.double() - xd @ wd.T).abs() <= bound).all()
 
 
 def test_refuses_a_wrong_layout():

@@ -281,6 +281,81 @@ void lora_add(const char* isa, const KernelTable& k, DType dt, int64_t tokens, i
   check(isa, "lora_add", dt, std::to_string(tokens) + "t K" + std::to_string(K), out, want, 2.0);
 }
 
+uint16_t to_f16(float f) {  // the kernel's float16 factors (AArch64's __fp16, round to nearest)
+  const __fp16 h = static_cast<__fp16>(f);
+  uint16_t u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+float from_f16(uint16_t u) {
+  __fp16 h;
+  memcpy(&h, &u, 2);
+  return static_cast<float>(h);
+}
+
+// GGUF's int8-activation product (cpu/gguf_int8.h's layout) for 4- to 8-bit q
+// (5 and 6 with their high bits in a plane of their own, placed as
+// engine/reference.py reads them), one term (the zero point) or two (scale and
+// min), against x rounded to int8
+// per row and group as the kernel does (float id = 127 / max|x|, to nearest
+// even) and everything after in double.
+void gguf_int8_linear(const char* isa, const KernelTable& k, DType dt, int64_t M, int64_t N,
+                      int64_t K, int64_t G, int bits, int n_terms, int zero) {
+  if (k.gguf_int8_linear == nullptr) return;
+  const int B = bits == 8 ? 8 : 4, PF = 32 / B;
+  const int64_t groups = (K + G - 1) / G, P = (N + 15) / 16, steps = groups * G / PF;
+  std::vector<int> q(N * K);
+  std::vector<float> sc(N * groups), tm(N * groups);
+  for (auto& v : q) v = static_cast<int>(uniform(0, static_cast<float>(1 << bits))) & ((1 << bits) - 1);
+  for (auto& v : sc) v = from_f16(to_f16(uniform(1e-3f, 2e-2f)));
+  for (auto& v : tm) v = from_f16(to_f16(uniform(-2e-2f, 2e-2f)));
+  const int H = bits == 8 ? 0 : bits - 4, chunk = H ? 32 / H : 1;
+  const int64_t chunks = H ? groups * G * H / 32 : 0;
+  std::vector<uint32_t> packed(P * steps * 16, 0), high(H ? P * chunks * 16 : 1, 0);
+  std::vector<uint16_t> terms(P * groups * n_terms * 16, 0);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t p = n / 16, c = n % 16;
+    for (int64_t kk = 0; kk < K; ++kk) {
+      const uint32_t v = static_cast<uint32_t>(q[n * K + kk]);
+      packed[(p * steps + kk / PF) * 16 + c] |= (H ? v & 15 : v) << (kk % PF * B);
+      const int64_t j = kk % chunk;  // its place in the chunk's lane
+      if (H) high[(p * chunks + kk / chunk) * 16 + c] |= (v >> 4) << (8 * (j % 8 / 2) + 2 * H * (j / 8) + H * (j % 2));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      terms[((p * groups + g) * n_terms) * 16 + c] = to_f16(sc[n * groups + g]);
+      if (n_terms == 2) terms[((p * groups + g) * n_terms + 1) * 16 + c] = to_f16(tm[n * groups + g]);
+    }
+  }
+  Buf x(dt, M * K, -2, 2), out(dt, M * N);
+  const engine::cpu::GgufInt8Weight w{packed.data(), H ? high.data() : nullptr, terms.data(), bits,
+                                      n_terms, zero, N, K, G};
+  const int64_t failed = k.gguf_int8_linear(dt, w, out.data(), x.data(), M, K, N);
+  std::vector<double> want(M * N, 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
+      float amax = 0.f;
+      for (int64_t kk = k0; kk < k1; ++kk) amax = fmaxf(amax, fabsf(x.v[m * K + kk]));
+      const float id = amax > 0.f ? 127.f / amax : 0.f;
+      const double d = amax / 127.f;
+      std::vector<double> qx(k1 - k0);
+      double sx = 0;
+      for (int64_t kk = k0; kk < k1; ++kk) sx += (qx[kk - k0] = nearbyintf(x.v[m * K + kk] * id));
+      for (int64_t n = 0; n < N; ++n) {
+        double dot = 0;
+        for (int64_t kk = k0; kk < k1; ++kk) dot += qx[kk - k0] * q[n * K + kk];
+        const double s = sc[n * groups + g];
+        want[m * N + n] += n_terms == 1 ? s * d * (dot - zero * sx) : s * d * dot + tm[n * groups + g] * d * sx;
+      }
+    }
+  if (failed) printf("FAIL %s gguf_int8_linear: %lld bytes of scratch refused\n", isa, static_cast<long long>(failed));
+  failures += failed != 0;
+  check(isa, "gguf_int8_linear", dt,
+        std::to_string(M) + "x" + std::to_string(N) + " K" + std::to_string(K) + " g" + std::to_string(G) +
+            " q" + std::to_string(bits) + " t" + std::to_string(n_terms),
+        out, want);
+}
+
 void run_all(const char* isa, const KernelTable& k) {
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
     const int64_t rh[][2] = {{1, 1}, {1, 17}, {7, 128}, {33, 4097}, {3, 4096}};
@@ -303,6 +378,17 @@ void run_all(const char* isa, const KernelTable& k) {
     paged_attention(isa, k, dt, 2, 16, 2, 128, 32, 513);  // GQA 8
     lora_add(isa, k, dt, 1, 64);
     lora_add(isa, k, dt, 7, 300);
+    // rows across a tile (8) and its rest, columns past a panel (16) and
+    // within one vector (4), K of 5 groups of 8, whole 32s and a group of 64
+    // (5-bit q: groups of whole 32 k, 6-bit: 16)
+    const int64_t g[][4] = {{1, 16, 64, 32}, {5, 7, 40, 8}, {9, 40, 96, 32}, {17, 33, 128, 64},
+                            {3, 20, 48, 16}};
+    for (auto& c : g)
+      for (int bits : {4, 5, 6, 8}) {
+        if (c[3] % (bits == 5 ? 32 : bits == 6 ? 16 : 1)) continue;
+        gguf_int8_linear(isa, k, dt, c[0], c[1], c[2], c[3], bits, 1, bits == 8 ? 128 : 1 << (bits - 1));
+        gguf_int8_linear(isa, k, dt, c[0], c[1], c[2], c[3], bits, 2, 0);
+      }
   }
 }
 

@@ -92,9 +92,10 @@ def aarch64_wheel(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def arm_results(aarch64_wheel, request, tmp_path_factory):
     """One pytest session on aarch64 against the installed wheel: test_ops.py
-    (every op on both ARM code paths) and tests/native/inside_aarch64.py
-    (greedy output against transformers, `engine env`, the ISA switch,
-    precompiled mode's pick). Returns {test id: (outcome, message)} from its JUnit XML."""
+    and test_gguf_int8_kernel.py (every op on both ARM code paths) and
+    tests/native/inside_aarch64.py (greedy output against transformers,
+    `engine env`, the ISA switch, precompiled mode's pick). Returns {test id:
+    (outcome, message)} from its JUnit XML."""
     reason = _chroot_missing()
     if reason:
         pytest.skip(reason)
@@ -107,7 +108,8 @@ def arm_results(aarch64_wheel, request, tmp_path_factory):
     try:
         (scratch / "tests").mkdir()
         # flat, as one folder: the three import one another by module name
-        for name in ("kernels/test_ops.py", "engine/test_engine.py", "helpers.py"):
+        for name in ("kernels/test_ops.py", "kernels/test_gguf_int8_kernel.py",
+                     "engine/test_engine.py", "helpers.py"):
             shutil.copy(REPO / "tests" / name, scratch / "tests" / Path(name).name)
         shutil.copy(REPO / "tests" / "native" / "inside_aarch64.py", scratch / "tests")
         for pkg in ("tools", "wheel_index"):
@@ -130,7 +132,8 @@ def arm_results(aarch64_wheel, request, tmp_path_factory):
         run([UV, "pip", "install", "-q", "--no-deps", "--python-platform", "aarch64-manylinux_2_28",
              "--python-version", _aarch64_python_version(), "--target", site, aarch64_wheel])
         proc = a.run("venv/bin/python -m pytest -q -p no:cacheprovider --junitxml=results.xml "
-                     "tests/inside_aarch64.py tests/test_ops.py", check=False)
+                     "tests/inside_aarch64.py tests/test_ops.py tests/test_gguf_int8_kernel.py",
+                     check=False)
         if not (scratch / "results.xml").is_file():
             raise AssertionError(f"pytest on aarch64 did not run:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
         return _junit(scratch / "results.xml")
@@ -204,6 +207,16 @@ def test_every_op_on_both_arm_code_paths_matches_the_reference(arm_results):
     for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary", "reshape_and_cache",
                "paged_attention"):
         assert any(op in k for k in ops), f"no {op} test ran"
+
+
+def test_gguf_int8_kernel_on_both_arm_code_paths(arm_results):
+    """GGUF's int8 product (NEON: SDOT on neon_bf16, widening multiplies on neon)
+    against engine.reference on every bit width, with the packer the engine loads by."""
+    cases = _select(arm_results, "tests.test_gguf_int8_kernel::",
+                    lambda test_id, message: "take groups of whole" in message)
+    for isa in ("neon_bf16", "neon"):
+        ran = [k for k, (outcome, _) in cases.items() if f"[{isa}-" in k and outcome == "passed"]
+        assert any("test_matches_reference" in k for k in ran), f"no gguf_int8 case ran on {isa}"
 
 
 def test_greedy_output_matches_transformers(arm_results):

@@ -59,6 +59,10 @@ def test_every_op_of_every_table_matches_the_reference(kernel_check):
             for dt in ("fp32", "bf16"):
                 assert any(line.split()[1:4] == [isa, op, dt] for line in proc.stdout.splitlines()), \
                     f"{isa} {op} {dt} was not checked"
+        # GGUF's int8 product: both NEON tables (SDOT on neon_bf16), none on generic
+        checked = {line.split()[3] for line in proc.stdout.splitlines()
+                   if line.split()[1:3] == [isa, "gguf_int8_linear"]}
+        assert checked == (set() if isa == "generic" else {"fp32", "bf16"}), (isa, checked)
 
 
 def test_a_table_the_cpu_lacks_is_refused(kernel_check):

@@ -15,6 +15,7 @@
 #include "../kernels.h"
 #include "../scalar.h"
 #include "../common_ops.h"
+#include "../gguf_int8.h"
 #include "../lora.h"
 #include "cpu_types_arm.h"
 
@@ -31,8 +32,9 @@ namespace engine::cpu {
 namespace {
 
 // Designated: the entries not named (no NEON kernel yet: the panel linear,
-// prefill attention, the MoE and quantized layers) are null and their callers
-// run torch or engine.reference.
+// prefill attention, the MoE and the other quantized layers) are null and
+// their callers run torch or engine.reference. GGUF's layers run the int8
+// kernel (gguf_int8_impl.cpp, compiled for each NEON ISA beside this file).
 const KernelTable table = {
     .isa = ENGINE_STR(ENGINE_ISA),
     .rms_norm = rms_norm,
@@ -41,6 +43,7 @@ const KernelTable table = {
     .rotary_embedding = rotary_embedding,
     .reshape_and_cache = reshape_and_cache,
     .paged_attention = paged_attention,
+    .gguf_int8_linear = ENGINE_CAT(gguf_int8_, ENGINE_ISA)::linear,
     .lora_add = ENGINE_CAT(lora_, ENGINE_ISA)::add,
 };
 }  // namespace

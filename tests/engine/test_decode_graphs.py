@@ -97,6 +97,23 @@ def test_an_op_that_copied_at_capture_copies_again():
     assert not torch.equal(replayed, before)
 
 
+@torch.inference_mode()
+def test_an_op_replays_through_the_out_overload_of_its_own_types():
+    """x >> shifts (a tensor) runs as __rshift__.Tensor: its out= form is
+    Tensor_out, not Scalar_out, whose arguments have the same names (engine.
+    reference's GGUF unpacking; the replay had failed 'IValue is not a Scalar')."""
+    x = torch.randint(0, 1 << 30, (4, 8), dtype=torch.int32)
+    shifts = torch.arange(8, dtype=torch.int32)
+
+    def step():
+        return ((x >> shifts) & 15) + (x > 7)
+
+    first, graph = cpu_graph.capture(step)
+    assert isinstance(graph, cpu_graph.CapturedStep), graph
+    x.copy_(torch.randint(0, 1 << 30, (4, 8), dtype=torch.int32))
+    assert torch.equal(graph.replay(), step())
+
+
 def test_a_step_that_reads_a_value_back_is_not_captured():
     x = torch.randn(5)
 

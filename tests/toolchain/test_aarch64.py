@@ -107,9 +107,9 @@ def arm_results(aarch64_wheel, request, tmp_path_factory):
         scratch.mkdir(parents=True)
     try:
         (scratch / "tests").mkdir()
-        # flat, as one folder: the three import one another by module name
+        # flat, as one folder: they import one another by module name
         for name in ("kernels/test_ops.py", "kernels/test_gguf_int8_kernel.py",
-                     "engine/test_engine.py", "helpers.py"):
+                     "engine/test_engine.py", "helpers.py", "gguf_files.py"):
             shutil.copy(REPO / "tests" / name, scratch / "tests" / Path(name).name)
         shutil.copy(REPO / "tests" / "native" / "inside_aarch64.py", scratch / "tests")
         for pkg in ("tools", "wheel_index"):
@@ -217,6 +217,8 @@ def test_gguf_int8_kernel_on_both_arm_code_paths(arm_results):
     for isa in ("neon_bf16", "neon"):
         ran = [k for k, (outcome, _) in cases.items() if f"[{isa}-" in k and outcome == "passed"]
         assert any("test_matches_reference" in k for k in ran), f"no gguf_int8 case ran on {isa}"
+    # and a GGUF file's model on it, greedy output equal to the reference product's
+    _select(arm_results, "tests.inside_aarch64::test_gguf_layers_run_the_int8_kernel")
 
 
 def test_greedy_output_matches_transformers(arm_results):

@@ -103,13 +103,13 @@ def _out_overload(func):
     """func's out= overload: the same arguments (names and types: __rshift__.Tensor's
     is Tensor_out, though Scalar_out's names are the same), then one written
     kwarg-only argument per result; None where it has none."""
-    names = [(a.name, str(a.type)) for a in func._schema.arguments]
+    sig = [(a.name, str(a.type)) for a in func._schema.arguments]
     results = len(func._schema.returns)
     for name in func.overloadpacket.overloads():
         other = getattr(func.overloadpacket, name)
         args = other._schema.arguments
-        extra = args[len(names):]
-        if ([(a.name, str(a.type)) for a in args[:len(names)]] == names and len(extra) == results
+        extra = args[len(sig):]
+        if ([(a.name, str(a.type)) for a in args[:len(sig)]] == sig and len(extra) == results
                 and all(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
                         for a in extra)):
             return other

@@ -24,12 +24,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def cpu_has_bf16() -> bool:
-    """HWCAP2_BF16, what csrc/cpu/isa.cpp asks too (qemu's CPU has it)."""
+    """HWCAP2_BF16 and HWCAP_ASIMDDP, what csrc/cpu/isa.cpp asks too (qemu's CPU has both)."""
     import ctypes
 
     libc = ctypes.CDLL(None)
     libc.getauxval.restype = ctypes.c_ulong
-    return bool(libc.getauxval(26) & (1 << 14))  # AT_HWCAP2, HWCAP2_BF16
+    # AT_HWCAP2's HWCAP2_BF16, AT_HWCAP's HWCAP_ASIMDDP
+    return bool(libc.getauxval(26) & (1 << 14)) and bool(libc.getauxval(16) & (1 << 20))
 
 
 BEST = "neon_bf16" if cpu_has_bf16() else "neon"

@@ -296,9 +296,8 @@ float from_f16(uint16_t u) {
 // GGUF's int8-activation product (cpu/gguf_int8.h's layout) for 4- to 8-bit q
 // (5 and 6 with their high bits in a plane of their own, placed as
 // engine/reference.py reads them), one term (the zero point) or two (scale and
-// min), against x rounded to int8
-// per row and group as the kernel does (float id = 127 / max|x|, to nearest
-// even) and everything after in double.
+// min), against x rounded to int8 per row and group as the kernel does (float
+// id = 127 / max|x|, to nearest even) and everything after in double.
 void gguf_int8_linear(const char* isa, const KernelTable& k, DType dt, int64_t M, int64_t N,
                       int64_t K, int64_t G, int bits, int n_terms, int zero) {
   if (k.gguf_int8_linear == nullptr) return;
@@ -404,7 +403,12 @@ int main(int argc, char** argv) {
 #ifndef HWCAP2_BF16
 #define HWCAP2_BF16 (1 << 14)
 #endif
-  tables.push_back({"neon_bf16", engine::cpu::kernels_neon_bf16, (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0});
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+  // as csrc/cpu/isa.cpp asks: the table is built +bf16+dotprod
+  tables.push_back({"neon_bf16", engine::cpu::kernels_neon_bf16,
+                    (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0 && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0});
 #endif
 #if defined(ENGINE_HAS_GENERIC)
   tables.push_back({"generic", engine::cpu::kernels_generic, true});

@@ -101,19 +101,26 @@ struct Attention {
 // What both attentions check of query, out, the caches and the index tensors
 // (rows: what query's first dimension counts). Returns all but seqs and
 // max_blocks, which the caller reads once its own index tensors are checked.
+// strided_rows: query's rows may lie apart (each row's heads contiguous, as the
+// q part of a fused qkv output is), else query is contiguous.
 inline Attention check_query_and_caches(const at::Tensor& out, const at::Tensor& query,
                                         const at::Tensor& key_cache,
                                         const at::Tensor& value_cache,
                                         const at::Tensor& block_tables,
                                         const at::Tensor& seq_lens, const char* rows,
-                                        c10::DeviceType device, const char* op) {
+                                        c10::DeviceType device, const char* op,
+                                        bool strided_rows = false) {
   auto dt = dtype_of(query, device, op, "query");
   check_like(out, query, op, "out", "query");
   check_like(key_cache, query, op, "key_cache", "query");
   CacheShape c = check_caches(key_cache, value_cache, op);
-  TORCH_CHECK_VALUE(query.dim() == 3 && query.is_contiguous(), op, ": query must be a "
-                    "contiguous [", rows, ", num_heads, head_size] tensor, got shape ",
-                    query.sizes());
+  const bool rows_ok = strided_rows && query.dim() == 3 && query.stride(2) == 1 &&
+                       query.stride(1) == query.size(2) &&
+                       query.stride(0) >= query.size(1) * query.size(2);
+  TORCH_CHECK_VALUE(query.dim() == 3 && (query.is_contiguous() || rows_ok), op,
+                    ": query must be a [", rows, ", num_heads, head_size] tensor, ",
+                    strided_rows ? "each row's heads contiguous" : "contiguous",
+                    ", got shape ", query.sizes(), " and strides ", query.strides());
   TORCH_CHECK_VALUE(out.sizes() == query.sizes() && out.is_contiguous(), op,
                     ": out must be contiguous with query's shape ", query.sizes(), ", got ",
                     out.sizes());
@@ -135,7 +142,7 @@ inline Attention prepare_paged_attention(const at::Tensor& out, const at::Tensor
                                          c10::DeviceType device) {
   const char* op = "paged_attention";
   Attention a = check_query_and_caches(out, query, key_cache, value_cache, block_tables,
-                                       seq_lens, "num_seqs", device, op);
+                                       seq_lens, "num_seqs", device, op, true);
   const int64_t seqs = query.size(0);
   TORCH_CHECK_VALUE(block_tables.size(0) == seqs && seq_lens.size(0) == seqs, op,
                     ": block_tables and seq_lens need one row per sequence (", seqs, "), got ",

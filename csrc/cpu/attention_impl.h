@@ -171,7 +171,7 @@ bool key_logits_in_registers(int64_t group, int64_t head_size, float* logits, in
 #endif
 
 template <typename T>
-int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
+int64_t paged_attention_t(T* out, const T* query, int64_t query_stride, const T* key_cache,
                        const T* value_cache, const int32_t* block_tables,
                        const int32_t* seq_lens, int64_t seqs, int64_t heads,
                        int64_t kv_heads, int64_t head_size, int64_t block_size,
@@ -224,7 +224,7 @@ int64_t paged_attention_t(T* out, const T* query, const T* key_cache,
         for (int64_t i = 0; i < group * head_size; ++i) out_s[i] = Elem<T>::store(0.f);
         continue;
       }
-      const T* q_s = query + (s * heads + kh * group) * head_size;
+      const T* q_s = query + s * query_stride + kh * group * head_size;
       int64_t qi = 0;
 #ifdef ENGINE_VEC_WIDTH
       for (; qi + W <= group * head_size; qi += W) vstore(q + qi, vmul(vload(q_s + qi), vset1(scale)));

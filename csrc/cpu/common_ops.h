@@ -85,16 +85,16 @@ void reshape_and_cache(int64_t elem_size, const void* key, const void* value,
                         slots, tokens, kv_heads, head_size, block_size, kts, khs, vts, vhs);
 }
 
-int64_t paged_attention(DType dt, void* out, const void* query, const void* kc,
+int64_t paged_attention(DType dt, void* out, const void* query, int64_t qs, const void* kc,
                         const void* vc, const int32_t* bt, const int32_t* sl,
                         int64_t seqs, int64_t heads, int64_t kv_heads,
                         int64_t head_size, int64_t block_size, int64_t max_blocks,
                         float scale) {
   if (dt == DType::kFloat32)
-    return paged_attention_t(static_cast<float*>(out), static_cast<const float*>(query),
+    return paged_attention_t(static_cast<float*>(out), static_cast<const float*>(query), qs,
                              static_cast<const float*>(kc), static_cast<const float*>(vc),
                              bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
-  return paged_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query),
+  return paged_attention_t(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(query), qs,
                              static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc),
                              bt, sl, seqs, heads, kv_heads, head_size, block_size, max_blocks, scale);
 }

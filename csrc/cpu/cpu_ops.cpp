@@ -81,7 +81,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                                         seq_lens, scale, at::kCPU);
   if (a.seqs == 0) return;
   const int64_t failed = kernels().paged_attention(
-      kdt(a.dtype), out.data_ptr(), query.const_data_ptr(), key_cache.const_data_ptr(),
+      kdt(a.dtype), out.data_ptr(), query.const_data_ptr(), query.stride(0),
+      key_cache.const_data_ptr(),
       value_cache.const_data_ptr(), block_tables.const_data_ptr<int32_t>(),
       seq_lens.const_data_ptr<int32_t>(), a.seqs, a.heads, a.cache.kv_heads, a.cache.head_size,
       a.cache.block_size, a.max_blocks, static_cast<float>(scale));

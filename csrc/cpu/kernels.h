@@ -85,12 +85,13 @@ struct KernelTable {
                             int64_t value_head_stride);
 
   // Decode attention, one query token per sequence.
-  // query/out: [seqs, heads, head_size] contiguous.
+  // query: [seqs, heads, head_size], a sequence's row query_stride elements
+  // after the last's (the q part of a fused qkv row, uncopied); out contiguous.
   // block_tables: [seqs, max_blocks] int32, seq_lens: [seqs] int32; both
   // already validated by the caller against the cache size. Returns 0, or the
   // bytes of per-thread scratch a thread could not allocate (nothing is then
   // left to trust in out: the caller raises).
-  int64_t (*paged_attention)(DType dt, void* out, const void* query,
+  int64_t (*paged_attention)(DType dt, void* out, const void* query, int64_t query_stride,
                           const void* key_cache, const void* value_cache,
                           const int32_t* block_tables, const int32_t* seq_lens,
                           int64_t seqs, int64_t heads, int64_t kv_heads,

@@ -304,6 +304,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& seq_lens, double scale) {
   Attention a = prepare_paged_attention(out, query, key_cache, value_cache, block_tables,
                                         seq_lens, scale, at::kCUDA);
+  const at::Tensor q = query.contiguous();  // the kernel reads rows back to back
   TORCH_CHECK_VALUE(a.cache.head_size <= 32 * kMaxDimsPerLane, "paged_attention: head_size ",
                     a.cache.head_size, " exceeds the CUDA kernel's maximum of ",
                     32 * kMaxDimsPerLane);
@@ -312,10 +313,10 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   TORCH_CHECK_VALUE(a.seqs <= 65535, "paged_attention: ", a.seqs, " sequences in one batch; "
                     "the CUDA kernel takes at most 65535 (lower max_num_seqs)");
   dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.seqs));
-  launch_on(query, a.dtype, [&](auto tag, cudaStream_t stream) {
+  launch_on(q, a.dtype, [&](auto tag, cudaStream_t stream) {
     using T = decltype(tag);
     paged_attention_kernel<T><<<grid, 32 * kAttnWarps, 0, stream>>>(
-        out.data_ptr<T>(), query.const_data_ptr<T>(), key_cache.const_data_ptr<T>(),
+        out.data_ptr<T>(), q.const_data_ptr<T>(), key_cache.const_data_ptr<T>(),
         value_cache.const_data_ptr<T>(), block_tables.const_data_ptr<int32_t>(),
         seq_lens.const_data_ptr<int32_t>(), static_cast<int>(a.heads),
         static_cast<int>(a.cache.kv_heads), static_cast<int>(a.cache.head_size),

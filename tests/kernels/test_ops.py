@@ -253,6 +253,21 @@ def test_paged_attention(dtype, gqa, seq_lens, head_size, block_size):
     close(out, ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_attention_reads_query_rows_where_they_lie(dtype):
+    """The q part of a fused qkv output, read in place: equal to its copy."""
+    heads, kv_heads, hs = 9, 3, 64
+    q, kc, vc, tables, lens = make_paged([5, 40, 17, 64], heads, kv_heads, hs, 16, dtype)
+    qkv = torch.randn(q.shape[0], (heads + 2 * kv_heads) * hs).to(dtype)
+    qkv[:, :heads * hs] = q.reshape(q.shape[0], -1)
+    in_place = qkv[:, :heads * hs].reshape(q.shape)
+    assert not in_place.is_contiguous()
+    out, want = torch.empty_like(q), torch.empty_like(q)
+    ops.paged_attention(out, in_place, kc, vc, tables, lens, hs ** -0.5)
+    ops.paged_attention(want, q, kc, vc, tables, lens, hs ** -0.5)
+    assert torch.equal(out, want)
+
+
 def test_paged_attention_empty_sequence_gives_zeros():
     q, kc, vc, tables, lens = make_paged([0, 5], 4, 2, 64, 16, torch.float32)
     out = torch.full_like(q, float("nan"))
@@ -278,6 +293,8 @@ def _attn_args():
     (lambda a: a.__setitem__(2, a[2].to(torch.bfloat16)), TypeError, "must match"),
     (lambda a: a.__setitem__(1, a[1][:, :3]), ValueError, "multiple of the cache's num_kv_heads|query"),
     (lambda a: a.__setitem__(1, a[1][0]), ValueError, "query must be"),
+    (lambda a: a.__setitem__(1, a[1].transpose(0, 1).contiguous().transpose(0, 1)), ValueError,
+     "each row's heads contiguous"),
     (lambda a: a.__setitem__(0, a[0][:1]), ValueError, "out must be"),
     (lambda a: a.__setitem__(3, a[3][:, :1]), ValueError, "value_cache has shape"),
 ])

@@ -200,18 +200,20 @@ void reshape_and_cache(const char* isa, const KernelTable& k, DType dt, int64_t 
   check(isa, "reshape_and_cache", dt, what + " value", vc, wv, 1e-9);
 }
 
+// q_pad: elements between one sequence's query row and the next (a fused qkv row's k and v)
 void paged_attention(const char* isa, const KernelTable& k, DType dt, int64_t seqs, int64_t heads,
-                     int64_t kv_heads, int64_t head_size, int64_t block_size, int64_t max_len) {
+                     int64_t kv_heads, int64_t head_size, int64_t block_size, int64_t max_len,
+                     int64_t q_pad = 0) {
   const int64_t max_blocks = (max_len + block_size - 1) / block_size;
-  const int64_t blocks = seqs * max_blocks + 1;
-  Buf q(dt, seqs * heads * head_size), kc(dt, blocks * kv_heads * block_size * head_size),
+  const int64_t blocks = seqs * max_blocks + 1, q_stride = heads * head_size + q_pad;
+  Buf q(dt, seqs * q_stride), kc(dt, blocks * kv_heads * block_size * head_size),
       vc(dt, blocks * kv_heads * block_size * head_size), out(dt, seqs * heads * head_size);
   std::vector<int32_t> lens(seqs), table(seqs * max_blocks);
   for (int64_t s = 0; s < seqs; ++s) lens[s] = static_cast<int32_t>(s == 0 ? max_len : 1 + (s * 37) % max_len);
   if (seqs > 2) lens[1] = 0;  // an empty sequence: zeros
   for (int64_t i = 0; i < seqs * max_blocks; ++i) table[i] = static_cast<int32_t>((i * 7 + 1) % blocks);
   const float scale = 1.0f / sqrtf(static_cast<float>(head_size));
-  k.paged_attention(dt, out.data(), q.data(), kc.data(), vc.data(), table.data(), lens.data(), seqs,
+  k.paged_attention(dt, out.data(), q.data(), q_stride, kc.data(), vc.data(), table.data(), lens.data(), seqs,
                     heads, kv_heads, head_size, block_size, max_blocks, scale);
   std::vector<double> want(seqs * heads * head_size, 0.0), logits(max_len);
   const int64_t group = heads / kv_heads;
@@ -219,7 +221,7 @@ void paged_attention(const char* isa, const KernelTable& k, DType dt, int64_t se
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kh = h / group, len = lens[s];
       if (len == 0) continue;
-      const float* qv = &q.v[(s * heads + h) * head_size];
+      const float* qv = &q.v[s * q_stride + h * head_size];
       double mx = -1e300, sum = 0;
       for (int64_t t = 0; t < len; ++t) {
         const int64_t off = ((int64_t(table[s * max_blocks + t / block_size]) * kv_heads + kh) * block_size +
@@ -239,7 +241,8 @@ void paged_attention(const char* isa, const KernelTable& k, DType dt, int64_t se
     }
   check(isa, "paged_attention", dt,
         std::to_string(seqs) + "s " + std::to_string(heads) + "/" + std::to_string(kv_heads) + "h " +
-            std::to_string(head_size) + "d b" + std::to_string(block_size) + " len" + std::to_string(max_len),
+            std::to_string(head_size) + "d b" + std::to_string(block_size) + " len" + std::to_string(max_len) +
+            (q_pad ? " q+" + std::to_string(q_pad) : ""),
         out, want, dt == DType::kFloat32 ? 5.0 : 1.0);
 }
 
@@ -373,6 +376,7 @@ void run_all(const char* isa, const KernelTable& k) {
     reshape_and_cache(isa, k, dt, 64, 2, 36, 32);
     paged_attention(isa, k, dt, 1, 1, 1, 64, 32, 1);
     paged_attention(isa, k, dt, 4, 8, 2, 64, 16, 100);    // GQA 4
+    paged_attention(isa, k, dt, 5, 9, 3, 64, 16, 70, 384);  // SmolLM's q inside its qkv row
     paged_attention(isa, k, dt, 3, 8, 8, 36, 32, 70);     // MHA, odd head size
     paged_attention(isa, k, dt, 2, 16, 2, 128, 32, 513);  // GQA 8
     lora_add(isa, k, dt, 1, 64);

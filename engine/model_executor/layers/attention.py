@@ -100,7 +100,6 @@ def _heads_packed(q: torch.Tensor) -> torch.Tensor:
     """q [tokens, heads, head_size] as paged_attention takes it: each token's heads
     contiguous, its rows as they lie (the q part of a fused qkv output, whose
     copy was ~1.5% of a 16-request decode step)."""
-    tokens, heads, size = q.shape
+    _, heads, size = q.shape
     packed = q.stride(2) == 1 and q.stride(1) == size and q.stride(0) >= heads * size
     return q if packed else q.contiguous()
-

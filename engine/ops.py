@@ -61,7 +61,9 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                     value_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float) -> None:
-    """Decode attention: one query token per sequence over its cached blocks."""
+    """Decode attention: one query token per sequence over its cached blocks.
+    query [seqs, heads, head_size] is read in place where each row's heads are
+    contiguous (a fused qkv output's q part), else copied first."""
     _ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale)
 
 

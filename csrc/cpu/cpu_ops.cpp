@@ -74,9 +74,10 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
                               value.stride(0), value.stride(1));
 }
 
-void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+void paged_attention(at::Tensor& out, const at::Tensor& query_in, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& seq_lens, double scale) {
+  const at::Tensor query = readable_query(query_in);
   Attention a = prepare_paged_attention(out, query, key_cache, value_cache, block_tables,
                                         seq_lens, scale, at::kCPU);
   if (a.seqs == 0) return;

@@ -302,9 +302,9 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& seq_lens, double scale) {
-  Attention a = prepare_paged_attention(out, query, key_cache, value_cache, block_tables,
-                                        seq_lens, scale, at::kCUDA);
   const at::Tensor q = query.contiguous();  // the kernel reads rows back to back
+  Attention a = prepare_paged_attention(out, q, key_cache, value_cache, block_tables,
+                                        seq_lens, scale, at::kCUDA);
   TORCH_CHECK_VALUE(a.cache.head_size <= 32 * kMaxDimsPerLane, "paged_attention: head_size ",
                     a.cache.head_size, " exceeds the CUDA kernel's maximum of ",
                     32 * kMaxDimsPerLane);

@@ -57,7 +57,7 @@ class Attention(nn.Module):
         elif self.sliding_window is None and self.softcap is None:
             # the plain decode: nothing to look up per layer (a step's lengths read
             # back here cost each of a deep model's layers a max and a sync)
-            ops.paged_attention(out, _heads_packed(q), self.k_cache, self.v_cache,
+            ops.paged_attention(out, q, self.k_cache, self.v_cache,
                                 ctx.block_tables, ctx.seq_lens, self.scale)
         elif (self.softcap is None and self.sliding_window is not None
               and self._in_torch(int(ctx.seq_lens.max()))):
@@ -70,7 +70,7 @@ class Attention(nn.Module):
             windowed_attention.decode(out, q, self.k_cache, self.v_cache, ctx.block_tables,
                                       ctx.seq_lens, self.scale, self.sliding_window, self.softcap)
         else:
-            ops.paged_attention(out, _heads_packed(q), self.k_cache, self.v_cache,
+            ops.paged_attention(out, q, self.k_cache, self.v_cache,
                                 ctx.block_tables, ctx.seq_lens, self.scale)
         return out.view(tokens, self.num_heads * self.head_dim)
 
@@ -94,12 +94,3 @@ class Attention(nn.Module):
                 q[start:end].transpose(0, 1), k[start:end].transpose(0, 1),
                 v[start:end].transpose(0, 1), is_causal=True, scale=self.scale, enable_gqa=gqa)
             out[start:end] = o.transpose(0, 1)
-
-
-def _heads_packed(q: torch.Tensor) -> torch.Tensor:
-    """q [tokens, heads, head_size] as paged_attention takes it: each token's heads
-    contiguous, its rows as they lie (the q part of a fused qkv output, whose
-    copy was ~1.5% of a 16-request decode step)."""
-    _, heads, size = q.shape
-    packed = q.stride(2) == 1 and q.stride(1) == size and q.stride(0) >= heads * size
-    return q if packed else q.contiguous()

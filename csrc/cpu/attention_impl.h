@@ -4,6 +4,7 @@
 // takes the portable loops.
 #pragma once
 
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -196,6 +197,13 @@ int64_t paged_attention_t(T* out, const T* query, int64_t query_stride, const T*
   const int64_t scratch =
       sizeof(float) * (group * max_stride + 2 * group * head_size + head_size + parts_n);
   int64_t failed = 0;
+  // A sequence's kv heads one after another on one thread, where there are
+  // sequences enough to go round: a block holds their rows side by side, and
+  // one core reading them in turn streams them (2 KiB a head and block at
+  // SmolLM's shape; 786 KB read in random 2 KiB runs took 48 us here, in 8 KiB
+  // runs 29). 16 sequences x 64 tokens, 3 kv heads, the caches of 30 layers
+  // from memory, Zen 4, in turns in one process: 76 -> 57 us a call.
+  const int64_t chunk = seqs >= 4 * omp_get_max_threads() ? kv_heads : 1;
 
 #pragma omp parallel
   {
@@ -212,7 +220,7 @@ int64_t paged_attention_t(T* out, const T* query, int64_t query_stride, const T*
       failed = scratch;
     }
 
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t item = 0; item < items; ++item) {
       if (!ok) continue;
       const int64_t s = item / kv_heads;

@@ -101,11 +101,12 @@ struct Attention {
 // query as the decode kernels read it: each row's heads contiguous, its rows
 // where they lie (the q part of a fused qkv output, whose copy was ~1.5% of a
 // 16-request decode step); any other [seqs, heads, head_size] layout copied.
+inline bool heads_packed(const at::Tensor& query) {
+  return query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2) &&
+         query.stride(0) >= query.size(1) * query.size(2);
+}
 inline at::Tensor readable_query(const at::Tensor& query) {
-  const bool packed = query.dim() != 3 ||
-                      (query.stride(2) == 1 && query.stride(1) == query.size(2) &&
-                       query.stride(0) >= query.size(1) * query.size(2));
-  return packed ? query : query.contiguous();
+  return query.dim() != 3 || heads_packed(query) ? query : query.contiguous();
 }
 
 // What both attentions check of query, out, the caches and the index tensors
@@ -124,9 +125,7 @@ inline Attention check_query_and_caches(const at::Tensor& out, const at::Tensor&
   check_like(out, query, op, "out", "query");
   check_like(key_cache, query, op, "key_cache", "query");
   CacheShape c = check_caches(key_cache, value_cache, op);
-  const bool rows_ok = strided_rows && query.dim() == 3 && query.stride(2) == 1 &&
-                       query.stride(1) == query.size(2) &&
-                       query.stride(0) >= query.size(1) * query.size(2);
+  const bool rows_ok = strided_rows && heads_packed(query);
   TORCH_CHECK_VALUE(query.dim() == 3 && (query.is_contiguous() || rows_ok), op,
                     ": query must be a [", rows, ", num_heads, head_size] tensor, ",
                     strided_rows ? "each row's heads contiguous" : "contiguous",
